@@ -1,0 +1,393 @@
+//! Configuration: the TOML file, its defaults, and the checks that make a bad
+//! file stop start-up with a message naming the offending field.
+//!
+//! Every table denies unknown fields, so a typo is an error instead of a
+//! silently ignored setting.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Access key of the demo credential shipped in the sample config.
+pub const DEMO_ACCESS_KEY: &str = "fencegate-demo";
+/// Secret of the demo credential. Public on purpose: see [`Config::validate`].
+pub const DEMO_SECRET_KEY: &str = "fencegate-demo-secret-key";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub fence: FenceConfig,
+    pub backend: BackendConfig,
+    pub credentials: Vec<Credential>,
+    pub rules: Vec<RuleConfig>,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// S3 API listener.
+    pub listen: SocketAddr,
+    /// Admin listener (health, fences). Loopback by default.
+    pub admin_listen: SocketAddr,
+    /// Holds the fence store (`fences.redb`) and, for the embedded backend,
+    /// the objects.
+    pub data_dir: PathBuf,
+    /// Region clients sign for.
+    pub region: String,
+    /// Largest accepted request header section, in bytes.
+    pub max_header_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FenceConfig {
+    /// Header that carries the token (lower-cased on load).
+    pub token_header: String,
+    /// Query parameter that carries the token (presigned URLs).
+    pub token_query: String,
+    /// User-metadata name the token is read from and stamped on objects as
+    /// `x-amz-meta-<name>`.
+    pub stamp_metadata: String,
+    /// How long a newer request waits for older in-flight writes with a
+    /// complete body before it is answered `503 SlowDown`.
+    pub admission_wait_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// An S3 server on a local directory, started in-process (s3s-fs).
+    Embedded,
+    /// Any S3-compatible endpoint.
+    S3,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    pub kind: BackendKind,
+    /// `http://host:port` of the backend (kind = "s3").
+    pub endpoint: Option<String>,
+    /// Region the backend expects in signatures.
+    pub region: Option<String>,
+    /// Backend credentials; fall back to `AWS_ACCESS_KEY_ID` /
+    /// `AWS_SECRET_ACCESS_KEY` when absent.
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Give up on a backend response after this long.
+    pub timeout_ms: u64,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// Buckets this credential may use; `"*"` means all.
+    #[serde(default)]
+    pub buckets: Vec<String>,
+    /// May do bucket-level writes (CreateBucket, DeleteBucket, policies...)
+    /// on its buckets.
+    #[serde(default)]
+    pub bucket_admin: bool,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret.
+        f.debug_struct("Credential")
+            .field("access_key_id", &self.access_key_id)
+            .field("buckets", &self.buckets)
+            .field("bucket_admin", &self.bucket_admin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credential {
+    pub fn allows_bucket(&self, bucket: &str) -> bool {
+        self.buckets.iter().any(|b| b == "*" || b == bucket)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleMode {
+    /// Every key under the prefix shares the resource named by `resource`.
+    Shared,
+    /// Every object is its own resource (`bucket/key`), the default.
+    PerObject,
+    /// Writes under the prefix need no token.
+    Unfenced,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub bucket: String,
+    #[serde(default)]
+    pub prefix: String,
+    pub mode: RuleMode,
+    pub resource: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// `tracing` filter directive, e.g. `info` or `fencegate=debug`.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            fence: FenceConfig::default(),
+            backend: BackendConfig::default(),
+            credentials: vec![Credential {
+                access_key_id: DEMO_ACCESS_KEY.into(),
+                secret_access_key: DEMO_SECRET_KEY.into(),
+                buckets: vec!["*".into()],
+                bucket_admin: true,
+            }],
+            rules: Vec::new(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:9000".parse().unwrap(),
+            admin_listen: "127.0.0.1:9001".parse().unwrap(),
+            data_dir: PathBuf::from("./data"),
+            region: "us-east-1".into(),
+            max_header_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl Default for FenceConfig {
+    fn default() -> Self {
+        FenceConfig {
+            token_header: "x-fencing-token".into(),
+            token_query: "x-fencing-token".into(),
+            stamp_metadata: "fencing-token".into(),
+            admission_wait_ms: 10_000,
+        }
+    }
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            kind: BackendKind::Embedded,
+            endpoint: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            timeout_ms: 300_000,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
+    }
+}
+
+/// A configuration problem, always naming the field at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("config error: {0}")]
+pub struct ConfigError(pub String);
+
+fn err(field: &str, msg: impl std::fmt::Display) -> ConfigError {
+    ConfigError(format!("`{field}`: {msg}"))
+}
+
+impl Config {
+    /// Loads `path`. A missing file is an error unless `optional` (the
+    /// default path), in which case the built-in defaults apply.
+    pub fn load(path: &Path, optional: bool) -> Result<Config, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Config::default());
+            }
+            Err(e) => return Err(ConfigError(format!("cannot read {}: {e}", path.display()))),
+        };
+        Self::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// Parses TOML text. toml's own messages already name the field and line.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        cfg.fence.token_header = cfg.fence.token_header.to_ascii_lowercase();
+        cfg.fence.stamp_metadata = cfg.fence.stamp_metadata.to_ascii_lowercase();
+        Ok(cfg)
+    }
+
+    /// Checks what serde cannot: relations between fields and values.
+    /// Called after command-line overrides are applied.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.region.is_empty() {
+            return Err(err("server.region", "must not be empty"));
+        }
+        if self.server.max_header_bytes < 1024 {
+            return Err(err("server.max_header_bytes", "must be at least 1024"));
+        }
+        let header_ok = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if !header_ok(&self.fence.token_header) {
+            return Err(err("fence.token_header", "must be a non-empty header name"));
+        }
+        if !header_ok(&self.fence.token_query) {
+            return Err(err("fence.token_query", "must be a non-empty parameter name"));
+        }
+        if !header_ok(&self.fence.stamp_metadata) {
+            return Err(err("fence.stamp_metadata", "must be a non-empty name"));
+        }
+        if self.fence.admission_wait_ms == 0 {
+            return Err(err("fence.admission_wait_ms", "must be greater than 0"));
+        }
+        match self.backend.kind {
+            BackendKind::Embedded => {
+                if self.backend.endpoint.is_some() {
+                    return Err(err(
+                        "backend.endpoint",
+                        "only valid with backend.kind = \"s3\"",
+                    ));
+                }
+            }
+            BackendKind::S3 => {
+                let Some(ep) = &self.backend.endpoint else {
+                    return Err(err("backend.endpoint", "required when backend.kind = \"s3\""));
+                };
+                let uri: http::Uri = ep
+                    .parse()
+                    .map_err(|e| err("backend.endpoint", format!("not a URL: {e}")))?;
+                if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                    return Err(err("backend.endpoint", "must look like http://host:port"));
+                }
+                if self.backend.access_key_id.is_some() != self.backend.secret_access_key.is_some()
+                {
+                    return Err(err(
+                        "backend.secret_access_key",
+                        "access_key_id and secret_access_key go together",
+                    ));
+                }
+            }
+        }
+        if self.credentials.is_empty() {
+            return Err(err("credentials", "at least one credential is required"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, c) in self.credentials.iter().enumerate() {
+            if c.access_key_id.is_empty() {
+                return Err(err(&format!("credentials[{i}].access_key_id"), "empty"));
+            }
+            if c.secret_access_key.is_empty() {
+                return Err(err(&format!("credentials[{i}].secret_access_key"), "empty"));
+            }
+            if !seen.insert(&c.access_key_id) {
+                return Err(err(
+                    &format!("credentials[{i}].access_key_id"),
+                    format!("duplicate access key {:?}", c.access_key_id),
+                ));
+            }
+        }
+        let demo = self
+            .credentials
+            .iter()
+            .any(|c| c.access_key_id == DEMO_ACCESS_KEY || c.secret_access_key == DEMO_SECRET_KEY);
+        if demo && !self.server.listen.ip().is_loopback() {
+            return Err(err(
+                "server.listen",
+                "the demo credential is configured; refusing to listen on a non-loopback \
+                 address (replace [[credentials]] first)",
+            ));
+        }
+        let mut rules = std::collections::HashSet::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            let field = |f: &str| format!("rules[{i}].{f}");
+            if r.bucket.is_empty() {
+                return Err(err(&field("bucket"), "must not be empty"));
+            }
+            match (r.mode, &r.resource) {
+                (RuleMode::Shared, None) => {
+                    return Err(err(&field("resource"), "required when mode = \"shared\""));
+                }
+                (RuleMode::Shared, Some(name)) if name.is_empty() => {
+                    return Err(err(&field("resource"), "must not be empty"));
+                }
+                (RuleMode::PerObject | RuleMode::Unfenced, Some(_)) => {
+                    return Err(err(&field("resource"), "only valid with mode = \"shared\""));
+                }
+                _ => {}
+            }
+            if !rules.insert((&r.bucket, &r.prefix)) {
+                return Err(err(&field("prefix"), "duplicate rule for this bucket and prefix"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn admission_wait(&self) -> Duration {
+        Duration::from_millis(self.fence.admission_wait_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = Config::parse("[server]\nlisten_addr = \"1.2.3.4:1\"\n").unwrap_err();
+        assert!(e.to_string().contains("listen_addr"), "{e}");
+    }
+
+    #[test]
+    fn invalid_value_is_named() {
+        let e = Config::parse("[server]\nlisten = \"nope\"\n").unwrap_err();
+        assert!(e.to_string().contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn shared_rule_needs_resource() {
+        let cfg = Config::parse("[[rules]]\nbucket = \"b\"\nprefix = \"p/\"\nmode = \"shared\"\n")
+            .unwrap();
+        let e = cfg.validate().unwrap_err();
+        assert!(e.to_string().contains("rules[0].resource"), "{e}");
+    }
+
+    #[test]
+    fn demo_credential_refuses_public_listen() {
+        let cfg = Config::parse("[server]\nlisten = \"0.0.0.0:9000\"\n").unwrap();
+        let e = cfg.validate().unwrap_err();
+        assert!(e.to_string().contains("server.listen"), "{e}");
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+}

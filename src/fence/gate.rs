@@ -1,0 +1,384 @@
+//! The gate: the check of CONTRACT §3 and the ordered admission of §4.
+//!
+//! Per resource it keeps the highest token and the writes currently
+//! in flight upstream. A request is admitted in three steps:
+//!
+//! 1. **check**: a token below the highest is stale and refused;
+//! 2. **raise**: a higher token is made durable in the store, becomes the
+//!    highest, and every lower-token write still streaming its body is
+//!    told to abort (its body never completes upstream);
+//! 3. **barrier**: the request waits until no lower-token write is in flight
+//!    (a complete body must be answered first), up to a bound; past the bound
+//!    it is refused as busy rather than forwarded where it could be overtaken.
+//!
+//! A write is then registered in flight and holds a [`Permit`] until its
+//! upstream exchange is over. The body stream calls
+//! [`Permit::body_complete`] before it lets the last bytes go, which is the
+//! point after which an abort can no longer be promised.
+
+use super::store::{FenceStore, StoreError};
+use dashmap::DashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Why a request was not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("fencing token {token} is below the highest recorded token {highest}")]
+    Stale { token: u64, highest: u64 },
+    #[error("older writes with a lower token are still finishing upstream")]
+    Busy,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Whether the admitted request is tracked in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A write: registered, holds a permit until its upstream exchange ends.
+    Write,
+    /// A read that carries a token: checked, may raise, waits for older
+    /// writes to finish, but is not itself tracked.
+    Read,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Streaming,
+    BodyComplete,
+    Aborted,
+}
+
+struct Entry {
+    id: u64,
+    token: u64,
+    phase: Phase,
+    abort: Arc<AbortSignal>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    loaded: bool,
+    highest: Option<u64>,
+    inflight: Vec<Entry>,
+    next_id: u64,
+}
+
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    /// Serialises loads and durable raises of one resource.
+    raising: tokio::sync::Mutex<()>,
+    /// Fired whenever an in-flight entry leaves.
+    changed: Notify,
+}
+
+impl Slot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        // A panic while holding the lock leaves consistent state (every
+        // critical section is a few field updates), so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Tells a streaming body to stop.
+#[derive(Default)]
+pub struct AbortSignal {
+    fired: AtomicBool,
+    notify: Notify,
+}
+
+impl AbortSignal {
+    fn fire(&self) {
+        self.fired.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    pub fn is_fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the signal has fired.
+    pub async fn fired(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_fired() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// An admitted write. Dropping it marks the write finished upstream.
+pub struct Permit {
+    slot: Arc<Slot>,
+    id: u64,
+    token: u64,
+    abort: Arc<AbortSignal>,
+}
+
+impl Permit {
+    /// Called before the last bytes of the body go upstream. Returns false if
+    /// the write was aborted: the caller must then fail the body instead.
+    pub fn body_complete(&self) -> bool {
+        let mut st = self.slot.lock();
+        match st.inflight.iter_mut().find(|e| e.id == self.id) {
+            Some(e) if e.phase == Phase::Aborted => false,
+            Some(e) => {
+                e.phase = Phase::BodyComplete;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn abort_signal(&self) -> Arc<AbortSignal> {
+        self.abort.clone()
+    }
+
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The resource's highest token now (for the error of an aborted write).
+    pub fn highest(&self) -> u64 {
+        self.slot.lock().highest.unwrap_or(self.token)
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        {
+            let mut st = self.slot.lock();
+            st.inflight.retain(|e| e.id != self.id);
+        }
+        self.slot.changed.notify_waiters();
+    }
+}
+
+/// The fence table of every resource, in front of the durable store.
+pub struct Gate {
+    store: Arc<dyn FenceStore>,
+    slots: DashMap<String, Arc<Slot>>,
+    wait_bound: Duration,
+    ordered: bool,
+}
+
+impl Gate {
+    pub fn new(store: Arc<dyn FenceStore>, wait_bound: Duration) -> Gate {
+        Gate {
+            store,
+            slots: DashMap::new(),
+            wait_bound,
+            ordered: true,
+        }
+    }
+
+    /// Debug switch: forward right after the check, without aborting or
+    /// waiting for older writes. Unsafe; exists to show what the barrier does.
+    pub fn set_ordered(&mut self, ordered: bool) {
+        self.ordered = ordered;
+    }
+
+    pub fn store(&self) -> &Arc<dyn FenceStore> {
+        &self.store
+    }
+
+    async fn slot(&self, resource: &str) -> Result<Arc<Slot>, StoreError> {
+        let slot = match self.slots.get(resource) {
+            Some(s) => s.clone(),
+            None => self
+                .slots
+                .entry(resource.to_string())
+                .or_default()
+                .clone(),
+        };
+        if !slot.lock().loaded {
+            let _g = slot.raising.lock().await;
+            if !slot.lock().loaded {
+                let h = self.store.get(resource).await?;
+                let mut st = slot.lock();
+                st.highest = h;
+                st.loaded = true;
+            }
+        }
+        Ok(slot)
+    }
+
+    /// The highest token recorded for `resource`.
+    pub async fn highest(&self, resource: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.slot(resource).await?.lock().highest)
+    }
+
+    /// Raises `resource` to at least `token`, durably, aborting lower-token
+    /// writes still streaming. Refuses (without change) a token below the
+    /// highest. Returns the highest afterwards.
+    pub async fn raise(&self, resource: &str, token: u64) -> Result<u64, Refusal> {
+        let slot = self.slot(resource).await?;
+        self.raise_slot(&slot, resource, token).await
+    }
+
+    async fn raise_slot(&self, slot: &Slot, resource: &str, token: u64) -> Result<u64, Refusal> {
+        let stale = |highest| Refusal::Stale { token, highest };
+        let needs_raise = |h: Option<u64>| -> Result<bool, Refusal> {
+            match h {
+                Some(h) if token < h => Err(stale(h)),
+                Some(h) => Ok(token > h),
+                None => Ok(true),
+            }
+        };
+        if !needs_raise(slot.lock().highest)? {
+            return Ok(token);
+        }
+        let _g = slot.raising.lock().await;
+        if !needs_raise(slot.lock().highest)? {
+            return Ok(token);
+        }
+        let recorded = self.store.raise(resource, token).await?;
+        let mut st = slot.lock();
+        st.highest = Some(st.highest.map_or(recorded, |h| h.max(recorded)));
+        if self.ordered {
+            for e in st.inflight.iter_mut() {
+                if e.token < token && e.phase == Phase::Streaming {
+                    e.phase = Phase::Aborted;
+                    e.abort.fire();
+                }
+            }
+        }
+        let h = st.highest.unwrap_or(recorded);
+        if token < h {
+            return Err(stale(h));
+        }
+        Ok(h)
+    }
+
+    /// Admits a request carrying `token` on `resource` (see the module doc).
+    /// Returns a permit for writes, `None` for reads.
+    pub async fn admit(
+        &self,
+        resource: &str,
+        token: u64,
+        kind: Kind,
+    ) -> Result<Option<Permit>, Refusal> {
+        let slot = self.slot(resource).await?;
+        self.raise_slot(&slot, resource, token).await?;
+        let deadline = tokio::time::Instant::now() + self.wait_bound;
+        loop {
+            let notified = slot.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = slot.lock();
+                if let Some(h) = st.highest
+                    && token < h
+                {
+                    return Err(Refusal::Stale { token, highest: h });
+                }
+                let older_in_flight = self.ordered && st.inflight.iter().any(|e| e.token < token);
+                if !older_in_flight {
+                    if kind == Kind::Read {
+                        return Ok(None);
+                    }
+                    let id = st.next_id;
+                    st.next_id += 1;
+                    let abort = Arc::new(AbortSignal::default());
+                    st.inflight.push(Entry {
+                        id,
+                        token,
+                        phase: Phase::Streaming,
+                        abort: abort.clone(),
+                    });
+                    return Ok(Some(Permit {
+                        slot: slot.clone(),
+                        id,
+                        token,
+                        abort,
+                    }));
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(Refusal::Busy);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::store::RedbStore;
+    use super::*;
+
+    fn gate(dir: &tempfile::TempDir, wait: Duration) -> Gate {
+        let store = RedbStore::open(&dir.path().join("f.redb")).unwrap();
+        Gate::new(Arc::new(store), wait)
+    }
+
+    #[tokio::test]
+    async fn check_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(&dir, Duration::from_secs(1));
+        drop(g.admit("r", 34, Kind::Write).await.unwrap());
+        assert!(matches!(
+            g.admit("r", 33, Kind::Write).await,
+            Err(Refusal::Stale { highest: 34, .. })
+        ));
+        drop(g.admit("r", 34, Kind::Write).await.unwrap());
+        assert!(g.admit("r", 40, Kind::Read).await.unwrap().is_none());
+        assert!(matches!(
+            g.admit("r", 39, Kind::Write).await,
+            Err(Refusal::Stale { highest: 40, .. })
+        ));
+        assert_eq!(g.highest("r").await.unwrap(), Some(40));
+    }
+
+    #[tokio::test]
+    async fn raise_aborts_streaming_lower_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(&dir, Duration::from_secs(5));
+        let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
+        let signal = old.abort_signal();
+        let g = Arc::new(g);
+        let g2 = g.clone();
+        let newer = tokio::spawn(async move { g2.admit("r", 34, Kind::Write).await });
+        signal.fired().await;
+        assert!(!old.body_complete(), "aborted write may not complete");
+        assert!(!newer.is_finished());
+        drop(old);
+        assert!(newer.await.unwrap().unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn complete_lower_write_is_awaited_then_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(&dir, Duration::from_millis(200));
+        let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
+        assert!(old.body_complete());
+        // The newer write waits for the older one, and gives up at the bound.
+        assert!(matches!(
+            g.admit("r", 34, Kind::Write).await,
+            Err(Refusal::Busy)
+        ));
+        assert!(!old.abort_signal().is_fired());
+        drop(old);
+        assert!(g.admit("r", 34, Kind::Write).await.unwrap().is_some());
+        // The raise stayed: 33 is now stale.
+        assert!(matches!(
+            g.admit("r", 33, Kind::Write).await,
+            Err(Refusal::Stale { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn equal_tokens_do_not_wait_for_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(&dir, Duration::from_millis(100));
+        let a = g.admit("r", 7, Kind::Write).await.unwrap().unwrap();
+        assert!(a.body_complete());
+        let b = g.admit("r", 7, Kind::Write).await.unwrap();
+        assert!(b.is_some());
+    }
+}

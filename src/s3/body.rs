@@ -1,0 +1,292 @@
+//! Request bodies on their way upstream, as streams of frames:
+//! the payload checks (hex SHA-256), the commit gate that holds back the last
+//! frame until everything verified and the fence still admits the write, and
+//! the aws-chunked encoder that carries checksum trailers to the backend.
+
+use super::chunked::{ByteStream, FrameStream};
+use super::error::S3Error;
+use crate::fence::gate::Permit;
+use bytes::{Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
+use http::HeaderMap;
+use http_body::Frame;
+use http_body_util::BodyStream;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// The client's body as bytes. A connection that ends early is an
+/// incomplete body; HTTP trailers are not used by S3 and are dropped.
+pub fn incoming(body: hyper::body::Incoming) -> ByteStream {
+    Box::pin(BodyStream::new(body).filter_map(|frame| async move {
+        match frame {
+            Ok(f) => f.into_data().ok().map(Ok),
+            Err(_) => Some(Err(S3Error::IncompleteBody)),
+        }
+    }))
+}
+
+/// Plain data frames, unchecked (`UNSIGNED-PAYLOAD`).
+pub fn plain(input: ByteStream) -> FrameStream {
+    Box::pin(input.map(|r| r.map(Frame::data)))
+}
+
+/// Data frames whose SHA-256 must equal `expected`; the stream ends with an
+/// error instead of its end if it does not.
+pub fn sha256_checked(input: ByteStream, expected: [u8; 32]) -> FrameStream {
+    struct St {
+        input: ByteStream,
+        hasher: Option<Sha256>,
+        expected: [u8; 32],
+    }
+    let st = St {
+        input,
+        hasher: Some(Sha256::new()),
+        expected,
+    };
+    Box::pin(futures_util::stream::unfold(st, |mut st| async move {
+        let hasher = st.hasher.as_mut()?;
+        match st.input.next().await {
+            Some(Ok(b)) => {
+                hasher.update(&b);
+                Some((Ok(Frame::data(b)), st))
+            }
+            Some(Err(e)) => {
+                st.hasher = None;
+                Some((Err(e), st))
+            }
+            None => {
+                let got = st.hasher.take()?.finalize();
+                if got.as_slice() == st.expected {
+                    None
+                } else {
+                    Some((Err(S3Error::ContentSha256Mismatch), st))
+                }
+            }
+        }
+    }))
+}
+
+/// Holds back the last frame of `input` until the stream has ended cleanly
+/// (so every check above has passed) and, for a fenced write, until the gate
+/// confirms the write was not aborted. Until then the backend cannot have a
+/// complete body. An abort while streaming ends the body with a stale-token
+/// error, which aborts the upstream request.
+pub fn commit_gate(input: FrameStream, permit: Option<Arc<Permit>>, resource: String) -> FrameStream {
+    struct St {
+        input: FrameStream,
+        held: Option<Frame<Bytes>>,
+        permit: Option<Arc<Permit>>,
+        resource: String,
+        done: bool,
+    }
+    let st = St {
+        input,
+        held: None,
+        permit,
+        resource,
+        done: false,
+    };
+    fn stale(st: &St) -> S3Error {
+        let p = st.permit.as_ref().expect("only fenced writes abort");
+        S3Error::StaleFencingToken {
+            token: p.token(),
+            highest: p.highest(),
+            resource: st.resource.clone(),
+        }
+    }
+    Box::pin(futures_util::stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        loop {
+            let next = match &st.permit {
+                Some(p) => {
+                    let signal = p.abort_signal();
+                    tokio::select! {
+                        biased;
+                        _ = signal.fired() => {
+                            st.done = true;
+                            let e = stale(&st);
+                            return Some((Err(e), st));
+                        }
+                        item = st.input.next() => item,
+                    }
+                }
+                None => st.input.next().await,
+            };
+            match next {
+                Some(Ok(frame)) => {
+                    if let Some(prev) = st.held.replace(frame) {
+                        return Some((Ok(prev), st));
+                    }
+                }
+                Some(Err(e)) => {
+                    st.done = true;
+                    return Some((Err(e), st));
+                }
+                None => {
+                    st.done = true;
+                    if let Some(p) = &st.permit
+                        && !p.body_complete()
+                    {
+                        let e = stale(&st);
+                        return Some((Err(e), st));
+                    }
+                    return st.held.take().map(|f| (Ok(f), st));
+                }
+            }
+        }
+    }))
+}
+
+/// Data only: drops a trailers frame (for upstream bodies without trailers).
+pub fn data_only(input: FrameStream) -> impl Stream<Item = Result<Frame<Bytes>, S3Error>> + Send {
+    input.filter(|f| std::future::ready(!matches!(f, Ok(f) if f.is_trailers())))
+}
+
+/// Encoded size of an unsigned aws-chunked body of `decoded_len` bytes in
+/// chunks of `chunk` bytes, with the given trailer lines (`name:value`).
+pub fn chunked_encoded_len(decoded_len: u64, chunk: u64, trailer_lines: &[(String, usize)]) -> u64 {
+    let hex_len = |n: u64| format!("{n:x}").len() as u64;
+    let full = decoded_len / chunk;
+    let rest = decoded_len % chunk;
+    let mut len = full * (hex_len(chunk) + 2 + chunk + 2);
+    if rest > 0 {
+        len += hex_len(rest) + 2 + rest + 2;
+    }
+    len += 3; // "0\r\n"
+    for (name, value_len) in trailer_lines {
+        len += name.len() as u64 + 1 + *value_len as u64 + 2;
+    }
+    len + 2
+}
+
+/// Base64 length of a checksum trailer's value, by trailer name.
+pub fn checksum_value_len(name: &str) -> Option<usize> {
+    Some(match name {
+        "x-amz-checksum-crc32" | "x-amz-checksum-crc32c" => 8,
+        "x-amz-checksum-crc64nvme" => 12,
+        "x-amz-checksum-sha1" => 28,
+        "x-amz-checksum-sha256" => 44,
+        _ => return None,
+    })
+}
+
+/// Re-encodes frames as an unsigned aws-chunked body with fixed-size chunks
+/// (so its length is known up front) and the trailers at the end.
+pub fn chunked_encode(input: FrameStream, chunk: usize) -> ByteStream {
+    struct St {
+        input: FrameStream,
+        buf: BytesMut,
+        trailers: Option<HeaderMap>,
+        done: bool,
+        chunk: usize,
+    }
+    fn frame_chunk(data: &[u8]) -> Bytes {
+        let mut out = BytesMut::with_capacity(data.len() + 16);
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+        out.freeze()
+    }
+    let st = St {
+        input,
+        buf: BytesMut::new(),
+        trailers: None,
+        done: false,
+        chunk,
+    };
+    Box::pin(futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if st.done {
+                return None;
+            }
+            if st.buf.len() >= st.chunk {
+                let data = st.buf.split_to(st.chunk);
+                return Some((Ok(frame_chunk(&data)), st));
+            }
+            match st.input.next().await {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => st.buf.extend_from_slice(&d),
+                    Err(f) => st.trailers = f.into_trailers().ok(),
+                },
+                Some(Err(e)) => {
+                    st.done = true;
+                    return Some((Err(e), st));
+                }
+                None => {
+                    st.done = true;
+                    let mut out = BytesMut::new();
+                    if !st.buf.is_empty() {
+                        out.extend_from_slice(&frame_chunk(&st.buf));
+                    }
+                    out.extend_from_slice(b"0\r\n");
+                    for (name, value) in st.trailers.iter().flatten() {
+                        out.extend_from_slice(name.as_str().as_bytes());
+                        out.extend_from_slice(b":");
+                        out.extend_from_slice(value.as_bytes());
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    out.extend_from_slice(b"\r\n");
+                    return Some((Ok(out.freeze()), st));
+                }
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(parts: Vec<Frame<Bytes>>) -> FrameStream {
+        Box::pin(futures_util::stream::iter(parts.into_iter().map(Ok)))
+    }
+
+    #[tokio::test]
+    async fn encoder_length_matches_prediction() {
+        for len in [0usize, 1, 99, 100, 101, 1000] {
+            let mut t = HeaderMap::new();
+            t.insert("x-amz-checksum-crc32", "AAAAAA==".parse().unwrap());
+            let data = vec![b'x'; len];
+            let parts = vec![
+                Frame::data(Bytes::from(data[..len / 2].to_vec())),
+                Frame::data(Bytes::from(data[len / 2..].to_vec())),
+                Frame::trailers(t),
+            ];
+            let out: Vec<Bytes> = chunked_encode(frames(parts), 100)
+                .map(|r| r.unwrap())
+                .collect()
+                .await;
+            let total: usize = out.iter().map(|b| b.len()).sum();
+            let predicted =
+                chunked_encoded_len(len as u64, 100, &[("x-amz-checksum-crc32".into(), 8)]);
+            assert_eq!(total as u64, predicted, "len {len}");
+        }
+    }
+
+    #[tokio::test]
+    async fn sha_mismatch_is_an_error_at_the_end() {
+        let input: ByteStream = Box::pin(futures_util::stream::iter(vec![Ok(Bytes::from_static(b"abc"))]));
+        let out: Vec<_> = sha256_checked(input, [0; 32]).collect().await;
+        assert!(matches!(out.last(), Some(Err(S3Error::ContentSha256Mismatch))));
+        let input: ByteStream = Box::pin(futures_util::stream::iter(vec![Ok(Bytes::from_static(b"abc"))]));
+        let good: [u8; 32] = Sha256::digest(b"abc").into();
+        let out: Vec<_> = sha256_checked(input, good).collect().await;
+        assert!(out.iter().all(|r| r.is_ok()));
+    }
+
+    #[tokio::test]
+    async fn gate_never_releases_last_frame_before_a_clean_end() {
+        let parts: Vec<Result<Frame<Bytes>, S3Error>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Ok(Frame::data(Bytes::from_static(b"b"))),
+            Err(S3Error::IncompleteBody),
+        ];
+        let out: Vec<_> = commit_gate(Box::pin(futures_util::stream::iter(parts)), None, "r".into())
+            .collect()
+            .await;
+        assert_eq!(out.len(), 2, "only the first frame and the error");
+        assert!(out[1].is_err());
+    }
+}

@@ -1,0 +1,213 @@
+//! Every error fencegate itself answers, and the one place that renders it as
+//! an S3 XML error body so that every SDK surfaces the code.
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum S3Error {
+    // Fencing (CONTRACT §3).
+    #[error("fencing token {token} is below the highest token {highest} recorded for {resource}")]
+    StaleFencingToken {
+        token: u64,
+        highest: u64,
+        resource: String,
+    },
+    #[error("this write is fenced and needs a fencing token (resource {0})")]
+    MissingFencingToken(String),
+    #[error("{0}")]
+    InvalidFencingToken(String),
+    #[error("older writes to {0} are still finishing upstream; retry")]
+    SlowDown(String),
+
+    // Authentication and authorisation.
+    #[error("{0}")]
+    AccessDenied(String),
+    #[error("the access key id does not exist in fencegate's credentials")]
+    InvalidAccessKeyId,
+    #[error("the request signature does not match")]
+    SignatureDoesNotMatch,
+    #[error("the request time differs from the server time by more than 15 minutes")]
+    RequestTimeTooSkewed,
+    #[error("{0}")]
+    AuthorizationHeaderMalformed(String),
+    #[error("the request has expired")]
+    ExpiredRequest,
+
+    // Bodies.
+    #[error("the body's SHA-256 does not match x-amz-content-sha256")]
+    ContentSha256Mismatch,
+    #[error("the body ended before its declared length")]
+    IncompleteBody,
+    #[error("{0}")]
+    InvalidChunk(String),
+    #[error("the decoded body length does not match x-amz-decoded-content-length")]
+    DecodedLengthMismatch,
+
+    // Requests.
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("the request header section is too large")]
+    RequestHeaderSectionTooLarge,
+    #[error("{0}")]
+    NotImplemented(String),
+    #[error("{0}")]
+    InvalidBucketName(String),
+    #[error("a Content-Length header is required")]
+    MissingContentLength,
+
+    // Ours and the backend's.
+    #[error("the backend could not be reached or failed: {0}")]
+    BadGateway(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl S3Error {
+    pub fn status(&self) -> StatusCode {
+        use S3Error::*;
+        match self {
+            StaleFencingToken { .. } => StatusCode::CONFLICT,
+            MissingFencingToken(_) => StatusCode::PRECONDITION_REQUIRED,
+            SlowDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AccessDenied(_)
+            | InvalidAccessKeyId
+            | SignatureDoesNotMatch
+            | RequestTimeTooSkewed
+            | ExpiredRequest => StatusCode::FORBIDDEN,
+            NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            MissingContentLength => StatusCode::LENGTH_REQUIRED,
+            BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            InvalidFencingToken(_)
+            | AuthorizationHeaderMalformed(_)
+            | ContentSha256Mismatch
+            | IncompleteBody
+            | InvalidChunk(_)
+            | DecodedLengthMismatch
+            | InvalidRequest(_)
+            | InvalidArgument(_)
+            | RequestHeaderSectionTooLarge
+            | InvalidBucketName(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The S3 error code.
+    pub fn code(&self) -> &'static str {
+        use S3Error::*;
+        match self {
+            StaleFencingToken { .. } => "StaleFencingToken",
+            MissingFencingToken(_) => "MissingFencingToken",
+            InvalidFencingToken(_) => "InvalidFencingToken",
+            SlowDown(_) => "SlowDown",
+            AccessDenied(_) => "AccessDenied",
+            InvalidAccessKeyId => "InvalidAccessKeyId",
+            SignatureDoesNotMatch => "SignatureDoesNotMatch",
+            RequestTimeTooSkewed => "RequestTimeTooSkewed",
+            AuthorizationHeaderMalformed(_) => "AuthorizationHeaderMalformed",
+            ExpiredRequest => "AccessDenied",
+            ContentSha256Mismatch => "XAmzContentSHA256Mismatch",
+            IncompleteBody => "IncompleteBody",
+            InvalidChunk(_) => "InvalidRequest",
+            DecodedLengthMismatch => "IncompleteBody",
+            InvalidRequest(_) => "InvalidRequest",
+            InvalidArgument(_) => "InvalidArgument",
+            RequestHeaderSectionTooLarge => "RequestHeaderSectionTooLarge",
+            NotImplemented(_) => "NotImplemented",
+            InvalidBucketName(_) => "InvalidBucketName",
+            MissingContentLength => "MissingContentLength",
+            BadGateway(_) => "BadGateway",
+            Internal(_) => "InternalError",
+        }
+    }
+
+    /// A short word for logs and metrics.
+    pub fn outcome(&self) -> &'static str {
+        use S3Error::*;
+        match self {
+            StaleFencingToken { .. } => "stale",
+            MissingFencingToken(_) => "missing",
+            InvalidFencingToken(_) => "invalid",
+            SlowDown(_) => "busy",
+            AccessDenied(_)
+            | InvalidAccessKeyId
+            | SignatureDoesNotMatch
+            | RequestTimeTooSkewed
+            | AuthorizationHeaderMalformed(_)
+            | ExpiredRequest => "auth",
+            BadGateway(_) => "upstream_error",
+            Internal(_) => "internal",
+            _ => "bad_request",
+        }
+    }
+
+    /// Renders the error as an S3 XML response. `resource` is the request
+    /// path; `request_id` is echoed in the body and the headers.
+    pub fn to_response(&self, resource: &str, request_id: &str) -> http::Response<Bytes> {
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{}</Code><Message>{}</Message><Resource>{}</Resource><RequestId>{}</RequestId></Error>",
+            self.code(),
+            xml_escape(&self.to_string()),
+            xml_escape(resource),
+            xml_escape(request_id),
+        );
+        let mut resp = http::Response::new(Bytes::from(body));
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        );
+        if let Ok(v) = HeaderValue::from_str(request_id) {
+            h.insert("x-amz-request-id", v);
+        }
+        match self {
+            S3Error::StaleFencingToken { highest, .. } => {
+                h.insert("x-fencing-highest-token", HeaderValue::from(*highest));
+            }
+            S3Error::SlowDown(_) => {
+                h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+pub fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_renders_code_and_highest() {
+        let e = S3Error::StaleFencingToken {
+            token: 33,
+            highest: 34,
+            resource: "b/k".into(),
+        };
+        let r = e.to_response("/b/k<", "RID");
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()["x-fencing-highest-token"], "34");
+        let body = std::str::from_utf8(r.body()).unwrap();
+        assert!(body.contains("<Code>StaleFencingToken</Code>"));
+        assert!(body.contains("<Resource>/b/k&lt;</Resource>"));
+        assert!(body.contains("<RequestId>RID</RequestId>"));
+    }
+}

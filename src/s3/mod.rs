@@ -1,0 +1,8 @@
+//! The S3 front: request classification, SigV4 verification, bodies
+//! (payload hashes, aws-chunked) and S3 XML errors.
+
+pub mod auth;
+pub mod body;
+pub mod chunked;
+pub mod error;
+pub mod op;

@@ -1,0 +1,275 @@
+//! Forwarding to the backend over hyper: the upstream URL, header filtering,
+//! re-signing with the backend's credentials (aws-sigv4), and a streaming
+//! body both ways.
+
+use crate::s3::chunked::FrameStream;
+use crate::s3::error::S3Error;
+use aws_credential_types::Credentials;
+use aws_sigv4::http_request::{
+    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+    UriPathNormalizationMode, sign,
+};
+use aws_sigv4::sign::v4;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use std::time::{Duration, SystemTime};
+
+const STRICT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+const PATH: &AsciiSet = &STRICT.remove(b'/');
+
+pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
+
+/// How the upstream body is protected, for the signature.
+pub enum UpstreamPayload {
+    Empty,
+    Unsigned,
+    Sha256Hex(String),
+    StreamingUnsignedTrailer,
+}
+
+/// A request ready to go upstream (everything but the signature).
+pub struct Outgoing {
+    pub method: Method,
+    pub bucket: Option<String>,
+    pub key: Option<String>,
+    /// Decoded query pairs to forward.
+    pub query: Vec<(String, String)>,
+    pub headers: HeaderMap,
+    pub body: Option<FrameStream>,
+    pub content_length: Option<u64>,
+    pub payload: UpstreamPayload,
+}
+
+/// Where and as whom fencegate talks to the backend.
+#[derive(Clone)]
+pub struct BackendTarget {
+    pub endpoint: Uri,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+pub struct Upstream {
+    client: Client<HttpConnector, UpstreamBody>,
+    target: BackendTarget,
+    host: HeaderValue,
+    timeout: Duration,
+}
+
+/// Request headers that never go upstream: hop-by-hop headers, the client's
+/// signature, and what fencegate sets itself.
+const DROPPED: &[&str] = &[
+    "authorization",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "host",
+    "content-length",
+    "x-amz-date",
+    "x-amz-content-sha256",
+    "x-amz-security-token",
+    "x-amz-decoded-content-length",
+    "x-amz-trailer",
+];
+
+/// Response headers that are not passed back (hop-by-hop).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Copies the client's headers minus the dropped ones and `extra_drop`.
+pub fn forwarded_headers(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(from.len());
+    for (name, value) in from {
+        let n = name.as_str();
+        if DROPPED.contains(&n) || extra_drop.contains(&n) {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+impl Upstream {
+    pub fn new(target: BackendTarget, timeout: Duration) -> Result<Upstream, String> {
+        let authority = target
+            .endpoint
+            .authority()
+            .ok_or("backend endpoint has no host")?
+            .clone();
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Upstream {
+            client,
+            target,
+            host,
+            timeout,
+        })
+    }
+
+    pub fn target(&self) -> &BackendTarget {
+        &self.target
+    }
+
+    fn uri(&self, out: &Outgoing) -> Result<Uri, S3Error> {
+        let mut path = String::from("/");
+        if let Some(b) = &out.bucket {
+            path.push_str(&utf8_percent_encode(b, STRICT).to_string());
+            if let Some(k) = &out.key {
+                path.push('/');
+                path.push_str(&utf8_percent_encode(k, PATH).to_string());
+            }
+        }
+        if !out.query.is_empty() {
+            path.push('?');
+            let q: Vec<String> = out
+                .query
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{}={}",
+                        utf8_percent_encode(k, STRICT),
+                        utf8_percent_encode(v, STRICT)
+                    )
+                })
+                .collect();
+            path.push_str(&q.join("&"));
+        }
+        let scheme = self.target.endpoint.scheme_str().unwrap_or("http");
+        let authority = self.host.to_str().unwrap_or_default();
+        format!("{scheme}://{authority}{path}")
+            .parse()
+            .map_err(|e| S3Error::InvalidArgument(format!("cannot build upstream URL: {e}")))
+    }
+
+    /// Signs and sends `out`; resolves with the backend's response head.
+    pub async fn send(&self, out: Outgoing) -> Result<Response<Incoming>, S3Error> {
+        let uri = self.uri(&out)?;
+        let mut headers = out.headers;
+        headers.insert(http::header::HOST, self.host.clone());
+        if let Some(len) = out.content_length {
+            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        let signable_body = match &out.payload {
+            UpstreamPayload::Empty => SignableBody::Bytes(b""),
+            UpstreamPayload::Unsigned => SignableBody::UnsignedPayload,
+            UpstreamPayload::Sha256Hex(h) => SignableBody::Precomputed(h.clone()),
+            UpstreamPayload::StreamingUnsignedTrailer => {
+                SignableBody::StreamingUnsignedPayloadTrailer
+            }
+        };
+        let mut signable_headers = Vec::with_capacity(headers.len());
+        for (name, value) in &headers {
+            let v = value.to_str().map_err(|_| {
+                S3Error::InvalidArgument(format!("header {name} is not printable ASCII"))
+            })?;
+            signable_headers.push((name.as_str(), v));
+        }
+        let uri_str = uri.to_string();
+        let signable = SignableRequest::new(
+            out.method.as_str(),
+            uri_str.as_str(),
+            signable_headers.into_iter(),
+            signable_body,
+        )
+        .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?;
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let identity = Credentials::new(
+            &self.target.access_key_id,
+            &self.target.secret_access_key,
+            None,
+            None,
+            "fencegate-backend",
+        )
+        .into();
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.target.region)
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?
+            .into();
+        let (instructions, _) = sign(signable, &params)
+            .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?
+            .into_parts();
+        let body: UpstreamBody = match out.body {
+            Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
+            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
+        };
+        let mut req = Request::builder()
+            .method(out.method)
+            .uri(uri)
+            .body(body)
+            .map_err(|e| S3Error::Internal(e.to_string()))?;
+        *req.headers_mut() = headers;
+        instructions.apply_to_request_http1x(&mut req);
+
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(body_error(&e).unwrap_or_else(|| {
+                S3Error::BadGateway(format!("{e}: {}", error_chain(&e)))
+            })),
+        }
+    }
+}
+
+/// If the upstream request failed because our own body stream failed, the
+/// reason (stale abort, bad signature, short body) is in the error chain.
+fn body_error(e: &(dyn std::error::Error + 'static)) -> Option<S3Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(s3) = err.downcast_ref::<S3Error>() {
+            return Some(s3.clone());
+        }
+        cur = err.source();
+    }
+    None
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = Vec::new();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        parts.push(err.to_string());
+        cur = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Strips hop-by-hop headers from a backend response.
+pub fn clean_response_headers(headers: &mut HeaderMap) {
+    for h in HOP_BY_HOP {
+        headers.remove(*h);
+    }
+}

@@ -1,0 +1,4 @@
+//! The backend side: forwarding with re-signing, and the embedded store.
+
+pub mod client;
+pub mod embedded;
