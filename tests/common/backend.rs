@@ -1,0 +1,233 @@
+//! A controllable S3 backend for tests: stores PUT bodies in memory (or
+//! discards them), records what it saw and when, and can stall a write
+//! after its body arrived until the test releases it. It does not check
+//! signatures: it stands in for the store, not for fencegate.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A request head arrived.
+    Start { method: String, key: String, token: Option<u64> },
+    /// A PUT body arrived complete.
+    BodyComplete { key: String, token: Option<u64> },
+    /// A PUT body broke off before it was complete.
+    BodyAborted { key: String, token: Option<u64> },
+    /// The answer to a PUT went out (the write is done).
+    Responded { key: String, token: Option<u64> },
+}
+
+#[derive(Default)]
+struct State {
+    objects: Mutex<HashMap<String, Bytes>>,
+    events: Mutex<Vec<Event>>,
+    stalled_tokens: Mutex<HashSet<u64>>,
+    released: Mutex<HashSet<u64>>,
+    bytes_received: Mutex<u64>,
+    changed: Notify,
+    discard: bool,
+}
+
+#[derive(Clone)]
+pub struct TestBackend {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+}
+
+fn token_of(req: &Request<Incoming>) -> Option<u64> {
+    req.headers()
+        .get("x-amz-meta-fencing-token")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+impl TestBackend {
+    /// A backend that keeps objects in memory.
+    pub async fn start() -> TestBackend {
+        Self::start_with(false).await
+    }
+
+    /// A backend that counts PUT bytes and throws them away.
+    pub async fn start_discarding() -> TestBackend {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(discard: bool) -> TestBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            discard,
+            ..Default::default()
+        });
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = listener.accept().await else { continue };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, std::convert::Infallible>(handle(st, req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(sock), svc)
+                        .await;
+                });
+            }
+        });
+        TestBackend { addr, state }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn as_fencegate_backend(&self) -> super::fencegate::Backend {
+        super::fencegate::Backend::S3 {
+            endpoint: self.endpoint(),
+            access_key: "backend-key".into(),
+            secret_key: "backend-secret-never-logged".into(),
+        }
+    }
+
+    /// Writes stamped with `token` wait after their body until released.
+    pub fn stall_after_body(&self, token: u64) {
+        self.state.stalled_tokens.lock().unwrap().insert(token);
+    }
+
+    pub fn release(&self, token: u64) {
+        self.state.released.lock().unwrap().insert(token);
+        self.state.changed.notify_waiters();
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.state.events.lock().unwrap().clone()
+    }
+
+    pub fn object(&self, bucket: &str, key: &str) -> Option<Bytes> {
+        self.state
+            .objects
+            .lock()
+            .unwrap()
+            .get(&format!("{bucket}/{key}"))
+            .cloned()
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        *self.state.bytes_received.lock().unwrap()
+    }
+
+    /// Waits (up to 20 s) until `pred` holds for the event log.
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&[Event]) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let notified = self.state.changed.notified();
+            if pred(&self.events()) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!("timed out waiting for: {what}; events: {:?}", self.events());
+            }
+        }
+    }
+}
+
+fn record(st: &State, e: Event) {
+    st.events.lock().unwrap().push(e);
+    st.changed.notify_waiters();
+}
+
+async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let method = req.method().to_string();
+    let path = req.uri().path().trim_start_matches('/').to_string();
+    let key = percent_encoding::percent_decode_str(&path)
+        .decode_utf8_lossy()
+        .into_owned();
+    let token = token_of(&req);
+    record(
+        &st,
+        Event::Start {
+            method: method.clone(),
+            key: key.clone(),
+            token,
+        },
+    );
+    match method.as_str() {
+        "PUT" if key.contains('/') => {
+            let mut body = req.into_body();
+            let mut data = Vec::new();
+            loop {
+                match body.frame().await {
+                    Some(Ok(f)) => {
+                        if let Ok(d) = f.into_data() {
+                            *st.bytes_received.lock().unwrap() += d.len() as u64;
+                            if !st.discard {
+                                data.extend_from_slice(&d);
+                            }
+                        }
+                    }
+                    Some(Err(_)) => {
+                        record(&st, Event::BodyAborted { key, token });
+                        return Response::builder().status(400).body(Full::default()).unwrap();
+                    }
+                    None => break,
+                }
+            }
+            record(
+                &st,
+                Event::BodyComplete {
+                    key: key.clone(),
+                    token,
+                },
+            );
+            if let Some(t) = token
+                && st.stalled_tokens.lock().unwrap().contains(&t)
+            {
+                loop {
+                    let notified = st.changed.notified();
+                    if st.released.lock().unwrap().contains(&t) {
+                        break;
+                    }
+                    notified.await;
+                }
+            }
+            st.objects.lock().unwrap().insert(key.clone(), Bytes::from(data));
+            record(&st, Event::Responded { key, token });
+            Response::builder()
+                .status(200)
+                .header("etag", "\"test-etag\"")
+                .body(Full::default())
+                .unwrap()
+        }
+        "GET" => match st.objects.lock().unwrap().get(&key) {
+            Some(b) => Response::new(Full::new(b.clone())),
+            None => Response::builder()
+                .status(404)
+                .body(Full::new(Bytes::from_static(
+                    b"<Error><Code>NoSuchKey</Code></Error>",
+                )))
+                .unwrap(),
+        },
+        _ => Response::new(Full::default()),
+    }
+}
+
+/// Whether the backend saw any request at all for `key`.
+pub fn saw_key(events: &[Event], key: &str) -> bool {
+    events.iter().any(|e| match e {
+        Event::Start { key: k, .. } => k == key,
+        _ => false,
+    })
+}

@@ -1,0 +1,185 @@
+//! Starts the real `fencegate` binary on port 0 with a temporary config and
+//! data directory, and stops it (SIGTERM or kill -9).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const DEMO_KEY: &str = "fencegate-demo";
+pub const DEMO_SECRET: &str = "fencegate-demo-secret-key";
+pub const LIMITED_KEY: &str = "limited-user";
+pub const LIMITED_SECRET: &str = "limited-user-secret-0123456789";
+
+/// Which store fencegate forwards to.
+#[derive(Clone)]
+pub enum Backend {
+    Embedded,
+    S3 {
+        endpoint: String,
+        access_key: String,
+        secret_key: String,
+    },
+}
+
+pub struct Fencegate {
+    pub s3: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+    child: Child,
+    config_path: PathBuf,
+    log_path: PathBuf,
+}
+
+impl Fencegate {
+    /// Starts fencegate; `extra` is appended to the generated TOML (rules,
+    /// [fence] settings...).
+    pub fn start(backend: Backend, extra: &str) -> Fencegate {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend_toml = match &backend {
+            Backend::Embedded => "[backend]\nkind = \"embedded\"\n".to_string(),
+            Backend::S3 {
+                endpoint,
+                access_key,
+                secret_key,
+            } => format!(
+                "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\naccess_key_id = \"{access_key}\"\nsecret_access_key = \"{secret_key}\"\n"
+            ),
+        };
+        let has_fence_table = extra.contains("[fence]");
+        let config = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{data}\"\n\n{fence}{backend_toml}\n\
+             [[credentials]]\naccess_key_id = \"{DEMO_KEY}\"\nsecret_access_key = \"{DEMO_SECRET}\"\nbuckets = [\"*\"]\nbucket_admin = true\n\n\
+             [[credentials]]\naccess_key_id = \"{LIMITED_KEY}\"\nsecret_access_key = \"{LIMITED_SECRET}\"\nbuckets = [\"shared\"]\n\n{extra}\n",
+            data = dir.path().join("data").display(),
+            fence = if has_fence_table { "" } else { "[fence]\nadmission_wait_ms = 5000\n" },
+        );
+        let config_path = dir.path().join("fencegate.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let log_path = dir.path().join("fencegate.log");
+        let (child, s3, admin) = spawn(&config_path, &log_path);
+        Fencegate {
+            s3,
+            admin,
+            dir,
+            child,
+            config_path,
+            log_path,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.s3)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything fencegate logged so far (all its runs).
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Peak resident memory of the process so far, in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
+    }
+
+    /// kill -9, then start again on the same config and data directory.
+    pub fn kill9_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let (child, s3, admin) = spawn(&self.config_path, &self.log_path);
+        self.child = child;
+        self.s3 = s3;
+        self.admin = admin;
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        unsafe_kill(self.child.id(), "TERM");
+        self.child.wait().unwrap().code()
+    }
+}
+
+fn unsafe_kill(pid: u32, sig: &str) {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+}
+
+fn spawn(config: &PathBuf, log: &PathBuf) -> (Child, SocketAddr, SocketAddr) {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn fencegate");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.strip_prefix("fencegate listening ") {
+                let mut s3 = None;
+                let mut admin = None;
+                for part in rest.split_whitespace() {
+                    if let Some(a) = part.strip_prefix("s3=") {
+                        s3 = a.parse::<SocketAddr>().ok();
+                    } else if let Some(a) = part.strip_prefix("admin=") {
+                        admin = a.parse::<SocketAddr>().ok();
+                    }
+                }
+                let _ = tx.send((s3.unwrap(), admin.unwrap()));
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok((s3, admin)) => (child, s3, admin),
+        Err(_) => {
+            let _ = child.kill();
+            panic!(
+                "fencegate did not start; log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+impl Drop for Fencegate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary with `args` and a config text; returns (exit code, stderr).
+pub fn run_with_config(config: &str, args: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .arg("--config")
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
