@@ -61,6 +61,7 @@ struct LogCtx {
     token: Option<u64>,
     highest: Option<u64>,
     decision: &'static str,
+    payload: &'static str,
 }
 
 /// The outcome of the fence phase.
@@ -142,6 +143,7 @@ impl Proxy {
                     token = log.token.map(|t| t.to_string()).unwrap_or_default(),
                     highest = log.highest.map(|t| t.to_string()).unwrap_or_default(),
                     decision = log.decision,
+                    payload = log.payload,
                     status,
                     bytes_in,
                     duration_ms = elapsed_ms,
@@ -178,6 +180,7 @@ impl Proxy {
             SystemTime::now(),
         )?;
         log.access_key = Some(verified.credential.access_key_id.clone());
+        log.payload = verified.payload.name();
 
         // 2. classify
         let (bucket, key) = op::split_path(parts.uri.path())?;

@@ -42,6 +42,17 @@ pub enum Payload {
 }
 
 impl Payload {
+    /// The `x-amz-content-sha256` form, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Payload::Unsigned => "unsigned",
+            Payload::Sha256(_) => "sha256",
+            Payload::StreamingSigned { trailer: false } => "chunked-signed",
+            Payload::StreamingSigned { trailer: true } => "chunked-signed-trailer",
+            Payload::StreamingUnsignedTrailer => "chunked-unsigned-trailer",
+        }
+    }
+
     pub fn is_chunked(&self) -> bool {
         matches!(
             self,
