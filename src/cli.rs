@@ -9,7 +9,11 @@ use std::path::PathBuf;
 pub const DEFAULT_CONFIG: &str = "config/fencegate.toml";
 
 #[derive(Debug, Parser)]
-#[command(name = "fencegate", version, about = "Fencing-token enforcing reverse proxy for S3")]
+#[command(
+    name = "fencegate",
+    version,
+    about = "Fencing-token enforcing reverse proxy for S3"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -260,7 +260,10 @@ impl Config {
             return Err(err("fence.token_header", "must be a non-empty header name"));
         }
         if !header_ok(&self.fence.token_query) {
-            return Err(err("fence.token_query", "must be a non-empty parameter name"));
+            return Err(err(
+                "fence.token_query",
+                "must be a non-empty parameter name",
+            ));
         }
         if !header_ok(&self.fence.stamp_metadata) {
             return Err(err("fence.stamp_metadata", "must be a non-empty name"));
@@ -279,7 +282,10 @@ impl Config {
             }
             BackendKind::S3 => {
                 let Some(ep) = &self.backend.endpoint else {
-                    return Err(err("backend.endpoint", "required when backend.kind = \"s3\""));
+                    return Err(err(
+                        "backend.endpoint",
+                        "required when backend.kind = \"s3\"",
+                    ));
                 };
                 let uri: http::Uri = ep
                     .parse()
@@ -344,7 +350,10 @@ impl Config {
                 _ => {}
             }
             if !rules.insert((&r.bucket, &r.prefix)) {
-                return Err(err(&field("prefix"), "duplicate rule for this bucket and prefix"));
+                return Err(err(
+                    &field("prefix"),
+                    "duplicate rule for this bucket and prefix",
+                ));
             }
         }
         Ok(())

@@ -23,7 +23,9 @@ use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
 use crate::s3::error::S3Error;
 use crate::s3::op::{self, Access, Operation};
-use crate::upstream::client::{Outgoing, Upstream, UpstreamPayload, clean_response_headers, forwarded_headers};
+use crate::upstream::client::{
+    Outgoing, Upstream, UpstreamPayload, clean_response_headers, forwarded_headers,
+};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -406,7 +408,9 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             .ok_or_else(|| {
-                S3Error::MissingContentLength
+                S3Error::InvalidRequest(
+                    "aws-chunked bodies need x-amz-decoded-content-length".into(),
+                )
             })?;
         let has_trailer = matches!(
             verified.payload,
@@ -426,9 +430,8 @@ impl Proxy {
         };
         let mut lines = Vec::new();
         for t in &trailers {
-            let len = body::checksum_value_len(t).ok_or_else(|| {
-                S3Error::InvalidRequest(format!("unsupported trailer {t:?}"))
-            })?;
+            let len = body::checksum_value_len(t)
+                .ok_or_else(|| S3Error::InvalidRequest(format!("unsupported trailer {t:?}")))?;
             lines.push((t.clone(), len));
         }
         let signing = match verified.payload {
@@ -472,10 +475,13 @@ impl Proxy {
         enc.extend(encodings);
         out.headers.insert(
             http::header::CONTENT_ENCODING,
-            HeaderValue::from_str(&enc.join(",")).map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
+            HeaderValue::from_str(&enc.join(","))
+                .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
         );
-        out.headers
-            .insert("x-amz-decoded-content-length", HeaderValue::from(decoded_len));
+        out.headers.insert(
+            "x-amz-decoded-content-length",
+            HeaderValue::from(decoded_len),
+        );
         out.headers.insert(
             "x-amz-trailer",
             HeaderValue::from_str(&trailers.join(","))

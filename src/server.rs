@@ -25,9 +25,11 @@ pub struct StartError(pub String);
 
 async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
     match cfg.backend.kind {
-        BackendKind::Embedded => embedded::start(&cfg.server.data_dir.join("objects"), &cfg.server.region)
-            .await
-            .map_err(StartError),
+        BackendKind::Embedded => {
+            embedded::start(&cfg.server.data_dir.join("objects"), &cfg.server.region)
+                .await
+                .map_err(StartError)
+        }
         BackendKind::S3 => {
             let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
             let access_key_id = cfg
@@ -35,7 +37,12 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
                 .access_key_id
                 .clone()
                 .or_else(|| env("AWS_ACCESS_KEY_ID"))
-                .ok_or_else(|| StartError("backend credentials: set backend.access_key_id or AWS_ACCESS_KEY_ID".into()))?;
+                .ok_or_else(|| {
+                    StartError(
+                        "backend credentials: set backend.access_key_id or AWS_ACCESS_KEY_ID"
+                            .into(),
+                    )
+                })?;
             let secret_access_key = cfg
                 .backend
                 .secret_access_key
@@ -49,7 +56,13 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
                 .or_else(|| env("AWS_REGION"))
                 .unwrap_or_else(|| cfg.server.region.clone());
             Ok(BackendTarget {
-                endpoint: cfg.backend.endpoint.as_deref().unwrap_or_default().parse().map_err(|e| StartError(format!("backend.endpoint: {e}")))?,
+                endpoint: cfg
+                    .backend
+                    .endpoint
+                    .as_deref()
+                    .unwrap_or_default()
+                    .parse()
+                    .map_err(|e| StartError(format!("backend.endpoint: {e}")))?,
                 region,
                 access_key_id,
                 secret_access_key,
@@ -61,7 +74,10 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
 /// Runs fencegate until a shutdown signal.
 pub async fn run(cfg: Config) -> Result<(), StartError> {
     std::fs::create_dir_all(&cfg.server.data_dir).map_err(|e| {
-        StartError(format!("cannot create data dir {}: {e}", cfg.server.data_dir.display()))
+        StartError(format!(
+            "cannot create data dir {}: {e}",
+            cfg.server.data_dir.display()
+        ))
     })?;
     let store_path = cfg.server.data_dir.join("fences.redb");
     let store = RedbStore::open(&store_path).map_err(|e| {
@@ -80,22 +96,31 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
     let gate = Arc::new(gate);
     let target = backend_target(&cfg).await?;
     let backend_desc = target.endpoint.to_string();
-    let upstream = Upstream::new(target, Duration::from_millis(cfg.backend.timeout_ms))
-        .map_err(StartError)?;
+    let upstream =
+        Upstream::new(target, Duration::from_millis(cfg.backend.timeout_ms)).map_err(StartError)?;
     let proxy = Arc::new(Proxy::new(&cfg, gate.clone(), Arc::new(upstream)));
     let admin = Arc::new(Admin { gate });
 
-    let s3_listener = TcpListener::bind(cfg.server.listen)
-        .await
-        .map_err(|e| StartError(format!("cannot listen on {} (server.listen): {e}", cfg.server.listen)))?;
-    let admin_listener = TcpListener::bind(cfg.server.admin_listen).await.map_err(|e| {
+    let s3_listener = TcpListener::bind(cfg.server.listen).await.map_err(|e| {
         StartError(format!(
-            "cannot listen on {} (server.admin_listen): {e}",
-            cfg.server.admin_listen
+            "cannot listen on {} (server.listen): {e}",
+            cfg.server.listen
         ))
     })?;
-    let s3_addr = s3_listener.local_addr().map_err(|e| StartError(e.to_string()))?;
-    let admin_addr = admin_listener.local_addr().map_err(|e| StartError(e.to_string()))?;
+    let admin_listener = TcpListener::bind(cfg.server.admin_listen)
+        .await
+        .map_err(|e| {
+            StartError(format!(
+                "cannot listen on {} (server.admin_listen): {e}",
+                cfg.server.admin_listen
+            ))
+        })?;
+    let s3_addr = s3_listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
     tracing::info!(%s3_addr, %admin_addr, backend = %backend_desc, kind = ?cfg.backend.kind, "fencegate started");
     // One machine-readable line on stdout, for scripts and tests.
     println!("fencegate listening s3={s3_addr} admin={admin_addr}");

@@ -59,17 +59,30 @@ async fn bad_signatures_get_403_and_reach_nothing() {
     limited_admin.key = LIMITED_KEY.into();
     limited_admin.secret = LIMITED_SECRET.into();
     let r = raw.send(limited_admin).await.unwrap();
-    assert_eq!((r.status, r.code()), (403, Some("AccessDenied")), "not a bucket admin");
+    assert_eq!(
+        (r.status, r.code()),
+        (403, Some("AccessDenied")),
+        "not a bucket admin"
+    );
 
     let mut garbled = RawRequest::new(http::Method::GET, "/demo/a");
     garbled.after_signing = vec![("authorization".into(), "Basic eDp5".into())];
     let r = raw.send(garbled).await.unwrap();
-    assert_eq!((r.status, r.code()), (400, Some("AuthorizationHeaderMalformed")));
+    assert_eq!(
+        (r.status, r.code()),
+        (400, Some("AuthorizationHeaderMalformed"))
+    );
 
     assert!(!saw_key(&be.events(), "demo/a"), "{:?}", be.events());
     assert!(be.events().is_empty(), "{:?}", be.events());
     // And no fence was raised by any of them.
-    assert_eq!(raw.send(RawRequest::put("/demo/a", "x").token(0)).await.unwrap().status, 200);
+    assert_eq!(
+        raw.send(RawRequest::put("/demo/a", "x").token(0))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
 }
 
 #[tokio::test]
@@ -96,7 +109,10 @@ async fn every_payload_form_works_and_lands_intact() {
         if form == (Form::Chunked { trailer: true }) {
             // Forwarded as unsigned aws-chunked with the checksum trailer.
             let text = String::from_utf8_lossy(&stored);
-            assert!(text.contains("x-amz-checksum-sha256:"), "trailer not forwarded");
+            assert!(
+                text.contains("x-amz-checksum-sha256:"),
+                "trailer not forwarded"
+            );
         } else {
             assert_eq!(stored, Bytes::from(data.clone()), "{form:?}");
         }
@@ -110,15 +126,64 @@ async fn damaged_bodies_are_refused_and_nothing_lands() {
     let raw = RawClient::new(&fg.endpoint());
     let data = vec![b'z'; 300_000];
     let cases = [
-        ("flip-chunked", Form::Chunked { trailer: false }, Damage { flip_at: Some(150_000), cut_at: None }),
-        ("flip-last-chunk", Form::Chunked { trailer: false }, Damage { flip_at: Some(299_990), cut_at: None }),
+        (
+            "flip-chunked",
+            Form::Chunked { trailer: false },
+            Damage {
+                flip_at: Some(150_000),
+                cut_at: None,
+            },
+        ),
+        (
+            "flip-last-chunk",
+            Form::Chunked { trailer: false },
+            Damage {
+                flip_at: Some(299_990),
+                cut_at: None,
+            },
+        ),
         // 300 000 bytes in 64 KiB signed chunks end at byte 300 533; the
         // checksum trailer line follows.
-        ("flip-trailer", Form::Chunked { trailer: true }, Damage { flip_at: Some(300_560), cut_at: None }),
-        ("cut-chunked", Form::Chunked { trailer: false }, Damage { flip_at: None, cut_at: Some(200_000) }),
-        ("flip-sha", Form::Sha256, Damage { flip_at: Some(299_999), cut_at: None }),
-        ("cut-sha", Form::Sha256, Damage { flip_at: None, cut_at: Some(100_000) }),
-        ("cut-unsigned", Form::Unsigned, Damage { flip_at: None, cut_at: Some(100_000) }),
+        (
+            "flip-trailer",
+            Form::Chunked { trailer: true },
+            Damage {
+                flip_at: Some(300_560),
+                cut_at: None,
+            },
+        ),
+        (
+            "cut-chunked",
+            Form::Chunked { trailer: false },
+            Damage {
+                flip_at: None,
+                cut_at: Some(200_000),
+            },
+        ),
+        (
+            "flip-sha",
+            Form::Sha256,
+            Damage {
+                flip_at: Some(299_999),
+                cut_at: None,
+            },
+        ),
+        (
+            "cut-sha",
+            Form::Sha256,
+            Damage {
+                flip_at: None,
+                cut_at: Some(100_000),
+            },
+        ),
+        (
+            "cut-unsigned",
+            Form::Unsigned,
+            Damage {
+                flip_at: None,
+                cut_at: Some(100_000),
+            },
+        ),
     ];
     for (name, form, damage) in cases {
         let key = format!("demo/{name}");
@@ -127,13 +192,20 @@ async fn damaged_bodies_are_refused_and_nothing_lands() {
         req.body = Some(Source::bytes(data.clone()));
         req.damage = damage;
         match raw.send(req).await {
-            Ok(r) => assert!((400..500).contains(&r.status), "{name}: {} {}", r.status, r.body),
+            Ok(r) => assert!(
+                (400..500).contains(&r.status),
+                "{name}: {} {}",
+                r.status,
+                r.body
+            ),
             Err(e) => assert!(damage.cut_at.is_some(), "{name}: {e}"),
         }
         // The proxy may still be tearing the upstream request down.
         be.wait_for(&format!("{name} ended upstream"), |ev| {
             !saw_key(ev, &key)
-                || ev.iter().any(|e| matches!(e, Event::BodyAborted { key: k, .. } if *k == key))
+                || ev
+                    .iter()
+                    .any(|e| matches!(e, Event::BodyAborted { key: k, .. } if *k == key))
         })
         .await;
         assert!(!landed(&be, &key), "{name} landed: {:?}", be.events());
@@ -157,8 +229,17 @@ async fn sdk_default_put_with_checksum_trailer_works_on_the_embedded_store() {
         .await
         .unwrap();
     assert!(out.checksum_crc32().is_some() || out.e_tag().is_some());
-    let got = c.get_object().bucket("demo").key("sdk").send().await.unwrap();
-    assert_eq!(got.body.collect().await.unwrap().into_bytes().to_vec(), body);
+    let got = c
+        .get_object()
+        .bucket("demo")
+        .key("sdk")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes().to_vec(),
+        body
+    );
     // Over plain HTTP the SDK signs an in-memory payload and sends its CRC32
     // as a header; for a streamed file with payload signing off (its HTTPS
     // default) it sends aws-chunked with a CRC32 trailer, which fencegate
@@ -183,8 +264,14 @@ async fn sdk_default_put_with_checksum_trailer_works_on_the_embedded_store() {
         .send()
         .await
         .unwrap();
-    assert!(got.checksum_crc32().is_some(), "the trailer checksum was not stored");
-    assert_eq!(got.body.collect().await.unwrap().into_bytes().to_vec(), body);
+    assert!(
+        got.checksum_crc32().is_some(),
+        "the trailer checksum was not stored"
+    );
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes().to_vec(),
+        body
+    );
     // The plain default for a file body, too.
     c.put_object()
         .bucket("demo")
@@ -205,8 +292,15 @@ async fn sdk_default_put_with_checksum_trailer_works_on_the_embedded_store() {
     };
     assert_eq!(form_of("sdk"), "sha256", "{logs}");
     let streamed = form_of("sdk-trailer");
-    assert!(streamed.starts_with("chunked-") && streamed.ends_with("-trailer"), "{streamed}");
-    eprintln!("SDK forms: in-memory {}, file {}, file unsigned {streamed}", form_of("sdk"), form_of("sdk-file"));
+    assert!(
+        streamed.starts_with("chunked-") && streamed.ends_with("-trailer"),
+        "{streamed}"
+    );
+    eprintln!(
+        "SDK forms: in-memory {}, file {}, file unsigned {streamed}",
+        form_of("sdk"),
+        form_of("sdk-file")
+    );
     let stale = c
         .put_object()
         .bucket("demo")

@@ -4,11 +4,11 @@
 
 mod common;
 
+use aws_sdk_s3::primitives::ByteStream;
 use common::backend::{TestBackend, saw_key};
 use common::fencegate::{Backend, Fencegate};
 use common::raw::{RawClient, RawRequest};
 use common::sdk;
-use aws_sdk_s3::primitives::ByteStream;
 
 async fn put_sdk(
     c: &aws_sdk_s3::Client,
@@ -40,10 +40,7 @@ async fn put_sdk(
 
 async fn get_sdk(c: &aws_sdk_s3::Client, key: &str) -> (String, Option<String>) {
     let o = c.get_object().bucket("demo").key(key).send().await.unwrap();
-    let token = o
-        .metadata()
-        .and_then(|m| m.get("fencing-token"))
-        .cloned();
+    let token = o.metadata().and_then(|m| m.get("fencing-token")).cloned();
     let body = o.body.collect().await.unwrap().into_bytes();
     (String::from_utf8(body.to_vec()).unwrap(), token)
 }
@@ -60,10 +57,16 @@ async fn stale_writes_are_refused_on_the_embedded_store() {
         refused,
         (409, "StaleFencingToken".into(), Some("34".into()))
     );
-    assert_eq!(get_sdk(&c, "k").await, ("thirty-four".into(), Some("34".into())));
+    assert_eq!(
+        get_sdk(&c, "k").await,
+        ("thirty-four".into(), Some("34".into()))
+    );
     put_sdk(&c, "k", "thirty-four again", 34).await.unwrap();
     put_sdk(&c, "k", "thirty-five", 35).await.unwrap();
-    assert_eq!(get_sdk(&c, "k").await, ("thirty-five".into(), Some("35".into())));
+    assert_eq!(
+        get_sdk(&c, "k").await,
+        ("thirty-five".into(), Some("35".into()))
+    );
     assert_eq!(put_sdk(&c, "k", "x", 34).await.unwrap_err().0, 409);
     assert_eq!(get_sdk(&c, "k").await.0, "thirty-five");
 }
@@ -74,13 +77,25 @@ async fn missing_and_malformed_tokens_never_reach_the_backend() {
     let fg = Fencegate::start(be.as_fencegate_backend(), "");
     let raw = RawClient::new(&fg.endpoint());
 
-    let r = raw.send(RawRequest::put("/demo/missing", "x")).await.unwrap();
+    let r = raw
+        .send(RawRequest::put("/demo/missing", "x"))
+        .await
+        .unwrap();
     assert_eq!((r.status, r.code()), (428, Some("MissingFencingToken")));
     assert!(!saw_key(&be.events(), "demo/missing"));
 
     // (HTTP strips whitespace around header values, so " 7" is tested in
     // the query carrier only.)
-    let malformed = ["", "-1", "+1", "1e3", "0x10", "18446744073709551616", " 7", "3.0"];
+    let malformed = [
+        "",
+        "-1",
+        "+1",
+        "1e3",
+        "0x10",
+        "18446744073709551616",
+        " 7",
+        "3.0",
+    ];
     for (i, bad) in malformed.iter().enumerate() {
         for carrier in ["x-fencing-token", "x-amz-meta-fencing-token"] {
             if bad.starts_with(' ') {
@@ -103,7 +118,11 @@ async fn missing_and_malformed_tokens_never_reach_the_backend() {
             percent_encoding::utf8_percent_encode(bad, percent_encoding::NON_ALPHANUMERIC)
         );
         let r = raw.send(req).await.unwrap();
-        assert_eq!((r.status, r.code()), (400, Some("InvalidFencingToken")), "query {bad:?}");
+        assert_eq!(
+            (r.status, r.code()),
+            (400, Some("InvalidFencingToken")),
+            "query {bad:?}"
+        );
     }
 
     // Two headers, or two carriers that disagree.
@@ -166,13 +185,22 @@ mode = "unfenced"
             None => r,
         }
     };
-    assert_eq!(raw.send(put("tables/orders/a", Some(34))).await.unwrap().status, 200);
+    assert_eq!(
+        raw.send(put("tables/orders/a", Some(34)))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
     let r = raw.send(put("tables/orders/b", Some(33))).await.unwrap();
     assert_eq!((r.status, r.code()), (409, Some("StaleFencingToken")));
     assert_eq!(r.headers["x-fencing-highest-token"], "34");
     assert!(!saw_key(&be.events(), "demo/tables/orders/b"));
     // Unrelated keys have fences of their own.
-    assert_eq!(raw.send(put("tables/other", Some(1))).await.unwrap().status, 200);
+    assert_eq!(
+        raw.send(put("tables/other", Some(1))).await.unwrap().status,
+        200
+    );
     assert_eq!(raw.send(put("c", Some(33))).await.unwrap().status, 200);
     // Unfenced prefixes need no token.
     assert_eq!(raw.send(put("scratch/x", None)).await.unwrap().status, 200);

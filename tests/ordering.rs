@@ -32,7 +32,15 @@ async fn newer_write_waits_for_older_write_with_complete_body() {
         tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "old").token(33)).await })
     };
     be.wait_for("33's body at the backend", |ev| {
-        ev.iter().any(|e| matches!(e, Event::BodyComplete { token: Some(33), .. }))
+        ev.iter().any(|e| {
+            matches!(
+                e,
+                Event::BodyComplete {
+                    token: Some(33),
+                    ..
+                }
+            )
+        })
     })
     .await;
 
@@ -55,7 +63,16 @@ async fn newer_write_waits_for_older_write_with_complete_body() {
     assert_eq!(r34.await.unwrap().unwrap().status, 200);
 
     let ev = be.events();
-    let answered33 = position(&ev, |e| matches!(e, Event::Responded { token: Some(33), .. })).unwrap();
+    let answered33 = position(&ev, |e| {
+        matches!(
+            e,
+            Event::Responded {
+                token: Some(33),
+                ..
+            }
+        )
+    })
+    .unwrap();
     let start34 = position(&ev, started(34)).unwrap();
     assert!(answered33 < start34, "{ev:?}");
     assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"new"));
@@ -75,9 +92,13 @@ async fn older_write_still_streaming_is_aborted_and_never_lands() {
         tokio::spawn(async move { raw.send(req).await })
     };
     tx.send(Bytes::from_static(b"old-")).await.unwrap();
-    be.wait_for("33 forwarded", |ev| ev.iter().any(started(33))).await;
+    be.wait_for("33 forwarded", |ev| ev.iter().any(started(33)))
+        .await;
 
-    let r34 = raw.send(RawRequest::put("/demo/k", "new").token(34)).await.unwrap();
+    let r34 = raw
+        .send(RawRequest::put("/demo/k", "new").token(34))
+        .await
+        .unwrap();
     assert_eq!(r34.status, 200, "{}", r34.body);
 
     // The rest of 33's body comes too late.
@@ -94,10 +115,25 @@ async fn older_write_still_streaming_is_aborted_and_never_lands() {
     }
     let ev = be.events();
     assert!(
-        !ev.iter().any(|e| matches!(e, Event::BodyComplete { token: Some(33), .. })),
+        !ev.iter().any(|e| matches!(
+            e,
+            Event::BodyComplete {
+                token: Some(33),
+                ..
+            }
+        )),
         "33's body completed at the backend: {ev:?}"
     );
-    assert!(ev.iter().any(|e| matches!(e, Event::BodyAborted { token: Some(33), .. })), "{ev:?}");
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::BodyAborted {
+                token: Some(33),
+                ..
+            }
+        )),
+        "{ev:?}"
+    );
     assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"new"));
 }
 
@@ -105,26 +141,46 @@ async fn older_write_still_streaming_is_aborted_and_never_lands() {
 async fn past_the_wait_bound_the_newer_write_gets_slowdown() {
     let be = TestBackend::start().await;
     be.stall_after_body(33);
-    let fg = Fencegate::start(be.as_fencegate_backend(), "[fence]\nadmission_wait_ms = 300\n");
+    let fg = Fencegate::start(
+        be.as_fencegate_backend(),
+        "[fence]\nadmission_wait_ms = 300\n",
+    );
     let raw = Arc::new(RawClient::new(&fg.endpoint()));
     let r33 = {
         let raw = raw.clone();
         tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "old").token(33)).await })
     };
     be.wait_for("33's body at the backend", |ev| {
-        ev.iter().any(|e| matches!(e, Event::BodyComplete { token: Some(33), .. }))
+        ev.iter().any(|e| {
+            matches!(
+                e,
+                Event::BodyComplete {
+                    token: Some(33),
+                    ..
+                }
+            )
+        })
     })
     .await;
-    let r = raw.send(RawRequest::put("/demo/k", "new").token(34)).await.unwrap();
+    let r = raw
+        .send(RawRequest::put("/demo/k", "new").token(34))
+        .await
+        .unwrap();
     assert_eq!((r.status, r.code()), (503, Some("SlowDown")));
     assert!(r.headers.contains_key("retry-after"));
     assert!(position(&be.events(), started(34)).is_none());
     // The fence did rise: nothing below 34 is admitted any more.
-    let r = raw.send(RawRequest::put("/demo/k", "x").token(33)).await.unwrap();
+    let r = raw
+        .send(RawRequest::put("/demo/k", "x").token(33))
+        .await
+        .unwrap();
     assert_eq!(r.status, 409);
     be.release(33);
     assert_eq!(r33.await.unwrap().unwrap().status, 200);
-    let r = raw.send(RawRequest::put("/demo/k", "new").token(34)).await.unwrap();
+    let r = raw
+        .send(RawRequest::put("/demo/k", "new").token(34))
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"new"));
 }

@@ -31,15 +31,13 @@ impl Admin {
         let path = req.uri().path().to_string();
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => json(StatusCode::OK, serde_json::json!({"status": "ok"})),
-            (&Method::GET, "/readyz") => {
-                match self.gate.store().get("").await {
-                    Ok(_) => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
-                    Err(e) => json(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        serde_json::json!({"status": "not ready", "error": e.to_string()}),
-                    ),
-                }
-            }
+            (&Method::GET, "/readyz") => match self.gate.store().get("").await {
+                Ok(_) => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
+                Err(e) => json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({"status": "not ready", "error": e.to_string()}),
+                ),
+            },
             (&Method::GET, p) if p.starts_with("/fences/") => {
                 let resource = percent_decode_str(&p["/fences/".len()..])
                     .decode_utf8_lossy()
@@ -59,7 +57,10 @@ impl Admin {
                     ),
                 }
             }
-            _ => json(StatusCode::NOT_FOUND, serde_json::json!({"error": "not found"})),
+            _ => json(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"error": "not found"}),
+            ),
         }
     }
 }

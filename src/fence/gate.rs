@@ -191,11 +191,7 @@ impl Gate {
     async fn slot(&self, resource: &str) -> Result<Arc<Slot>, StoreError> {
         let slot = match self.slots.get(resource) {
             Some(s) => s.clone(),
-            None => self
-                .slots
-                .entry(resource.to_string())
-                .or_default()
-                .clone(),
+            None => self.slots.entry(resource.to_string()).or_default().clone(),
         };
         if !slot.lock().loaded {
             let _g = slot.raising.lock().await;

@@ -86,20 +86,14 @@ impl RedbStore {
     fn get_blocking(db: &Database, resource: &str) -> Result<Option<u64>, StoreError> {
         let txn = db.begin_read().map_err(store_err)?;
         let table = txn.open_table(FENCES).map_err(store_err)?;
-        Ok(table
-            .get(resource)
-            .map_err(store_err)?
-            .map(|v| v.value().0))
+        Ok(table.get(resource).map_err(store_err)?.map(|v| v.value().0))
     }
 
     fn raise_blocking(db: &Database, resource: &str, token: u64) -> Result<u64, StoreError> {
         let txn = db.begin_write().map_err(store_err)?;
         let highest = {
             let mut table = txn.open_table(FENCES).map_err(store_err)?;
-            let current = table
-                .get(resource)
-                .map_err(store_err)?
-                .map(|v| v.value().0);
+            let current = table.get(resource).map_err(store_err)?.map(|v| v.value().0);
             match current {
                 Some(h) if h >= token => h,
                 _ => {
@@ -166,7 +160,9 @@ impl FenceStore for RedbStore {
     fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let db = self.db.clone();
         let resource = resource.to_string();
-        Box::pin(blocking(move || Self::raise_blocking(&db, &resource, token)))
+        Box::pin(blocking(move || {
+            Self::raise_blocking(&db, &resource, token)
+        }))
     }
 
     fn list(

@@ -124,8 +124,7 @@ pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8
 /// Constant-time comparison of two hex signatures.
 pub fn same_signature(a: &str, b: &str) -> bool {
     a.len() == b.len()
-        && a
-            .bytes()
+        && a.bytes()
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
@@ -253,8 +252,9 @@ pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String
 fn canonical_header_value(headers: &HeaderMap, name: &str) -> Result<String, S3Error> {
     let mut values = Vec::new();
     for v in headers.get_all(name) {
-        let v = std::str::from_utf8(v.as_bytes())
-            .map_err(|_| S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8")))?;
+        let v = std::str::from_utf8(v.as_bytes()).map_err(|_| {
+            S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
+        })?;
         values.push(v.split_whitespace().collect::<Vec<_>>().join(" "));
     }
     if values.is_empty() {
@@ -312,9 +312,7 @@ pub fn verify_header(
         .ok_or_else(|| S3Error::AccessDenied("x-amz-date is required".into()))?;
     let when = parse_amz_date(amz_date)
         .ok_or_else(|| S3Error::AccessDenied(format!("x-amz-date {amz_date:?} is malformed")))?;
-    let skew = now
-        .duration_since(when)
-        .unwrap_or_else(|e| e.duration());
+    let skew = now.duration_since(when).unwrap_or_else(|e| e.duration());
     if skew > MAX_SKEW {
         return Err(S3Error::RequestTimeTooSkewed);
     }
@@ -333,9 +331,7 @@ pub fn verify_header(
     for name in head.headers.keys() {
         let n = name.as_str();
         if n.starts_with("x-amz-") && !a.signed_headers.contains(&n) {
-            return Err(S3Error::AccessDenied(format!(
-                "header {n} must be signed"
-            )));
+            return Err(S3Error::AccessDenied(format!("header {n} must be signed")));
         }
     }
     let content_sha = head
@@ -441,7 +437,10 @@ mod tests {
         // One changed signed header breaks it.
         let mut h2 = h.clone();
         h2.insert("range", "bytes=0-10".parse().unwrap());
-        let head = Head { headers: &h2, ..head };
+        let head = Head {
+            headers: &h2,
+            ..head
+        };
         assert!(matches!(
             verify_header(&head, &creds, "us-east-1", now),
             Err(S3Error::SignatureDoesNotMatch)

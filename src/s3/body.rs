@@ -71,7 +71,11 @@ pub fn sha256_checked(input: ByteStream, expected: [u8; 32]) -> FrameStream {
 /// confirms the write was not aborted. Until then the backend cannot have a
 /// complete body. An abort while streaming ends the body with a stale-token
 /// error, which aborts the upstream request.
-pub fn commit_gate(input: FrameStream, permit: Option<Arc<Permit>>, resource: String) -> FrameStream {
+pub fn commit_gate(
+    input: FrameStream,
+    permit: Option<Arc<Permit>>,
+    resource: String,
+) -> FrameStream {
     struct St {
         input: FrameStream,
         held: Option<Frame<Bytes>>,
@@ -267,10 +271,17 @@ mod tests {
 
     #[tokio::test]
     async fn sha_mismatch_is_an_error_at_the_end() {
-        let input: ByteStream = Box::pin(futures_util::stream::iter(vec![Ok(Bytes::from_static(b"abc"))]));
+        let input: ByteStream = Box::pin(futures_util::stream::iter(vec![Ok(Bytes::from_static(
+            b"abc",
+        ))]));
         let out: Vec<_> = sha256_checked(input, [0; 32]).collect().await;
-        assert!(matches!(out.last(), Some(Err(S3Error::ContentSha256Mismatch))));
-        let input: ByteStream = Box::pin(futures_util::stream::iter(vec![Ok(Bytes::from_static(b"abc"))]));
+        assert!(matches!(
+            out.last(),
+            Some(Err(S3Error::ContentSha256Mismatch))
+        ));
+        let input: ByteStream = Box::pin(futures_util::stream::iter(vec![Ok(Bytes::from_static(
+            b"abc",
+        ))]));
         let good: [u8; 32] = Sha256::digest(b"abc").into();
         let out: Vec<_> = sha256_checked(input, good).collect().await;
         assert!(out.iter().all(|r| r.is_ok()));
@@ -283,9 +294,13 @@ mod tests {
             Ok(Frame::data(Bytes::from_static(b"b"))),
             Err(S3Error::IncompleteBody),
         ];
-        let out: Vec<_> = commit_gate(Box::pin(futures_util::stream::iter(parts)), None, "r".into())
-            .collect()
-            .await;
+        let out: Vec<_> = commit_gate(
+            Box::pin(futures_util::stream::iter(parts)),
+            None,
+            "r".into(),
+        )
+        .collect()
+        .await;
         assert_eq!(out.len(), 2, "only the first frame and the error");
         assert!(out[1].is_err());
     }

@@ -177,7 +177,8 @@ impl Decoder {
             return Err(invalid("trailers do not match x-amz-trailer"));
         }
         for (n, v) in lines {
-            let name = HeaderName::from_bytes(n.as_bytes()).map_err(|_| invalid("bad trailer name"))?;
+            let name =
+                HeaderName::from_bytes(n.as_bytes()).map_err(|_| invalid("bad trailer name"))?;
             let value = HeaderValue::from_str(&v).map_err(|_| invalid("bad trailer value"))?;
             map.append(name, value);
         }
@@ -229,7 +230,7 @@ impl Decoder {
                     }
                     let remaining = remaining - n as u64;
                     if remaining == 0 {
-                        if self.line().await?.len() != 0 {
+                        if !self.line().await?.is_empty() {
                             return Err(invalid("chunk data longer than its size"));
                         }
                         let hash = hex::encode(std::mem::take(&mut self.hasher).finalize());
@@ -306,7 +307,11 @@ mod tests {
     }
 
     /// Feeds `body` in pieces of `step` bytes.
-    async fn run(body: Vec<u8>, step: usize, spec: ChunkedSpec) -> Result<(Vec<u8>, HeaderMap), S3Error> {
+    async fn run(
+        body: Vec<u8>,
+        step: usize,
+        spec: ChunkedSpec,
+    ) -> Result<(Vec<u8>, HeaderMap), S3Error> {
         let pieces: Vec<Result<Bytes, S3Error>> = body
             .chunks(step)
             .map(|c| Ok(Bytes::copy_from_slice(c)))
@@ -344,7 +349,9 @@ mod tests {
     #[tokio::test]
     async fn aws_signed_chunk_example() {
         for step in [1, 7, 4096, 100_000] {
-            let (data, _) = run(example_body(SIGS, "\r\n"), step, signed_spec()).await.unwrap();
+            let (data, _) = run(example_body(SIGS, "\r\n"), step, signed_spec())
+                .await
+                .unwrap();
             assert_eq!(data, vec![b'a'; 66560]);
         }
     }
@@ -366,7 +373,11 @@ mod tests {
         // Cut right after a complete data chunk: still incomplete.
         let body = example_body(SIGS, "\r\n");
         let cut = body.len() - 86;
-        assert!(run(body[..cut].to_vec(), 4096, signed_spec()).await.is_err());
+        assert!(
+            run(body[..cut].to_vec(), 4096, signed_spec())
+                .await
+                .is_err()
+        );
     }
 
     // The STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER example.
@@ -411,7 +422,10 @@ mod tests {
         let mut long = body.clone();
         long.extend_from_slice(b"junk");
         assert!(run(long, 3, spec()).await.is_err());
-        let wrong_len = ChunkedSpec { decoded_len: 6, ..spec() };
+        let wrong_len = ChunkedSpec {
+            decoded_len: 6,
+            ..spec()
+        };
         assert!(run(body, 3, wrong_len).await.is_err());
     }
 }

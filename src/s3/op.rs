@@ -214,14 +214,27 @@ mod tests {
         assert_eq!(w(Method::PUT, "/b/k", &[], false), "PutObject");
         assert_eq!(w(Method::PUT, "/b/k", &[], true), "CopyObject");
         assert_eq!(
-            w(Method::PUT, "/b/k", &[("partNumber", "1"), ("uploadId", "u")], false),
+            w(
+                Method::PUT,
+                "/b/k",
+                &[("partNumber", "1"), ("uploadId", "u")],
+                false
+            ),
             "UploadPart"
         );
         assert_eq!(
-            w(Method::PUT, "/b/k", &[("partNumber", "1"), ("uploadId", "u")], true),
+            w(
+                Method::PUT,
+                "/b/k",
+                &[("partNumber", "1"), ("uploadId", "u")],
+                true
+            ),
             "UploadPartCopy"
         );
-        assert_eq!(w(Method::POST, "/b/k", &[("uploads", "")], false), "CreateMultipartUpload");
+        assert_eq!(
+            w(Method::POST, "/b/k", &[("uploads", "")], false),
+            "CreateMultipartUpload"
+        );
         assert_eq!(
             w(Method::POST, "/b/k", &[("uploadId", "u")], false),
             "CompleteMultipartUpload"
@@ -231,22 +244,55 @@ mod tests {
             "AbortMultipartUpload"
         );
         assert_eq!(w(Method::DELETE, "/b/k", &[], false), "DeleteObject");
-        assert_eq!(w(Method::PUT, "/b/k", &[("tagging", "")], false), "PutObjectTagging");
-        assert_eq!(w(Method::DELETE, "/b/k", &[("tagging", "")], false), "DeleteObjectTagging");
-        assert_eq!(w(Method::PUT, "/b/k", &[("acl", "")], false), "PutObjectAcl");
-        assert_eq!(w(Method::PUT, "/b/k", &[("retention", "")], false), "PutObjectRetention");
-        assert_eq!(w(Method::PUT, "/b/k", &[("legal-hold", "")], false), "PutObjectLegalHold");
+        assert_eq!(
+            w(Method::PUT, "/b/k", &[("tagging", "")], false),
+            "PutObjectTagging"
+        );
+        assert_eq!(
+            w(Method::DELETE, "/b/k", &[("tagging", "")], false),
+            "DeleteObjectTagging"
+        );
+        assert_eq!(
+            w(Method::PUT, "/b/k", &[("acl", "")], false),
+            "PutObjectAcl"
+        );
+        assert_eq!(
+            w(Method::PUT, "/b/k", &[("retention", "")], false),
+            "PutObjectRetention"
+        );
+        assert_eq!(
+            w(Method::PUT, "/b/k", &[("legal-hold", "")], false),
+            "PutObjectLegalHold"
+        );
     }
 
     #[test]
     fn classifies_reads_and_bucket_ops() {
-        assert_eq!(c(Method::GET, "/b/a%20b/c", &[], false).key.as_deref(), Some("a b/c"));
-        assert_eq!(c(Method::GET, "/b/k", &[], false).access, Access::ObjectRead);
-        assert_eq!(c(Method::HEAD, "/b/k", &[], false).access, Access::ObjectRead);
-        assert_eq!(c(Method::GET, "/b", &[("list-type", "2")], false).access, Access::BucketRead);
+        assert_eq!(
+            c(Method::GET, "/b/a%20b/c", &[], false).key.as_deref(),
+            Some("a b/c")
+        );
+        assert_eq!(
+            c(Method::GET, "/b/k", &[], false).access,
+            Access::ObjectRead
+        );
+        assert_eq!(
+            c(Method::HEAD, "/b/k", &[], false).access,
+            Access::ObjectRead
+        );
+        assert_eq!(
+            c(Method::GET, "/b", &[("list-type", "2")], false).access,
+            Access::BucketRead
+        );
         assert_eq!(c(Method::PUT, "/b", &[], false).access, Access::BucketWrite);
-        assert_eq!(c(Method::DELETE, "/b/", &[], false).access, Access::BucketWrite);
-        assert_eq!(c(Method::POST, "/b", &[("delete", "")], false).access, Access::MultiDelete);
+        assert_eq!(
+            c(Method::DELETE, "/b/", &[], false).access,
+            Access::BucketWrite
+        );
+        assert_eq!(
+            c(Method::POST, "/b", &[("delete", "")], false).access,
+            Access::MultiDelete
+        );
         assert_eq!(c(Method::GET, "/", &[], false).access, Access::Service);
     }
 }

@@ -237,9 +237,8 @@ impl Upstream {
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(body_error(&e).unwrap_or_else(|| {
-                S3Error::BadGateway(format!("{e}: {}", error_chain(&e)))
-            })),
+            Ok(Err(e)) => Err(body_error(&e)
+                .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&e))))),
         }
     }
 }

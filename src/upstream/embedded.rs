@@ -21,8 +21,7 @@ fn random_token(len: usize) -> String {
 
 /// Starts the embedded store on `root` and returns how to reach it.
 pub async fn start(root: &Path, region: &str) -> Result<BackendTarget, String> {
-    std::fs::create_dir_all(root)
-        .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    std::fs::create_dir_all(root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
     let fs = s3s_fs::FileSystem::new(root)
         .map_err(|e| format!("embedded store at {}: {e:?}", root.display()))?;
     let access_key_id = format!("EMB{}", random_token(17));
@@ -56,7 +55,9 @@ pub async fn start(root: &Path, region: &str) -> Result<BackendTarget, String> {
         }
     });
     Ok(BackendTarget {
-        endpoint: format!("http://{addr}").parse().map_err(|e| format!("{e}"))?,
+        endpoint: format!("http://{addr}")
+            .parse()
+            .map_err(|e| format!("{e}"))?,
         region: region.to_string(),
         access_key_id,
         secret_access_key,

@@ -20,7 +20,11 @@ use tokio::sync::Notify;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A request head arrived.
-    Start { method: String, key: String, token: Option<u64> },
+    Start {
+        method: String,
+        key: String,
+        token: Option<u64>,
+    },
     /// A PUT body arrived complete.
     BodyComplete { key: String, token: Option<u64> },
     /// A PUT body broke off before it was complete.
@@ -74,7 +78,9 @@ impl TestBackend {
         let st = state.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((sock, _)) = listener.accept().await else { continue };
+                let Ok((sock, _)) = listener.accept().await else {
+                    continue;
+                };
                 let st = st.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -180,7 +186,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>>
                     }
                     Some(Err(_)) => {
                         record(&st, Event::BodyAborted { key, token });
-                        return Response::builder().status(400).body(Full::default()).unwrap();
+                        return Response::builder()
+                            .status(400)
+                            .body(Full::default())
+                            .unwrap();
                     }
                     None => break,
                 }
@@ -203,7 +212,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>>
                     notified.await;
                 }
             }
-            st.objects.lock().unwrap().insert(key.clone(), Bytes::from(data));
+            st.objects
+                .lock()
+                .unwrap()
+                .insert(key.clone(), Bytes::from(data));
             record(&st, Event::Responded { key, token });
             Response::builder()
                 .status(200)

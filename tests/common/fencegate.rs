@@ -53,7 +53,11 @@ impl Fencegate {
              [[credentials]]\naccess_key_id = \"{DEMO_KEY}\"\nsecret_access_key = \"{DEMO_SECRET}\"\nbuckets = [\"*\"]\nbucket_admin = true\n\n\
              [[credentials]]\naccess_key_id = \"{LIMITED_KEY}\"\nsecret_access_key = \"{LIMITED_SECRET}\"\nbuckets = [\"shared\"]\n\n{extra}\n",
             data = dir.path().join("data").display(),
-            fence = if has_fence_table { "" } else { "[fence]\nadmission_wait_ms = 5000\n" },
+            fence = if has_fence_table {
+                ""
+            } else {
+                "[fence]\nadmission_wait_ms = 5000\n"
+            },
         );
         let config_path = dir.path().join("fencegate.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -181,5 +185,8 @@ pub fn run_with_config(config: &str, args: &[&str]) -> (Option<i32>, String) {
         .args(args)
         .output()
         .unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

@@ -9,10 +9,10 @@ use aws_sigv4::http_request::{
     UriPathNormalizationMode, sign,
 };
 use aws_sigv4::sign::v4;
+use aws_smithy_runtime_api::client::identity::Identity;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, Method, Request};
-use aws_smithy_runtime_api::client::identity::Identity;
 use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
@@ -31,7 +31,9 @@ pub enum Form {
     Unsigned,
     Sha256,
     /// STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER] with 64 KiB chunks.
-    Chunked { trailer: bool },
+    Chunked {
+        trailer: bool,
+    },
 }
 
 /// A body: its decoded length, its bytes as a stream, and (for the SHA-256
@@ -48,7 +50,11 @@ impl Source {
         Source {
             len: b.len() as u64,
             sha256: Some(hex::encode(Sha256::digest(&b))),
-            stream: Box::pin(futures_util::stream::iter(if b.is_empty() { vec![] } else { vec![b] })),
+            stream: Box::pin(futures_util::stream::iter(if b.is_empty() {
+                vec![]
+            } else {
+                vec![b]
+            })),
         }
     }
 
@@ -61,7 +67,9 @@ impl Source {
             futures_util::stream::iter(0..full)
                 .map(move |_| block.clone())
                 .chain(futures_util::stream::iter(if rest > 0 {
-                    vec![Bytes::from((0..rest).map(|i| (i % 251) as u8).collect::<Vec<u8>>())]
+                    vec![Bytes::from(
+                        (0..rest).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
+                    )]
                 } else {
                     vec![]
                 }))
@@ -86,9 +94,11 @@ impl Source {
     /// A body the test feeds through the returned sender.
     pub fn channel(len: u64) -> (tokio::sync::mpsc::Sender<Bytes>, Source) {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|b| (b, rx))
-        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            );
         (
             tx,
             Source {
@@ -193,7 +203,9 @@ fn signed_chunked_len(len: u64, trailer: Option<&str>) -> u64 {
     total += 1 + chunk_sig_len() + 2; // final chunk header
     match trailer {
         None => total + 2,
-        Some(line) => total + line.len() as u64 + 2 + "x-amz-trailer-signature:".len() as u64 + 64 + 2 + 2,
+        Some(line) => {
+            total + line.len() as u64 + 2 + "x-amz-trailer-signature:".len() as u64 + 64 + 2 + 2
+        }
     }
 }
 
@@ -250,8 +262,7 @@ impl RawClient {
         }
         headers.push(("x-amz-content-sha256".into(), content_sha.clone()));
 
-        let identity: Identity =
-            Credentials::new(&req.key, &req.secret, None, None, "test").into();
+        let identity: Identity = Credentials::new(&req.key, &req.secret, None, None, "test").into();
         let params = v4_params(&identity, req.time).into();
         let signable = SignableRequest::new(
             req.method.as_str(),
