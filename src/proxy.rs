@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::fence::gate::{Gate, Kind, Permit, Refusal};
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
+use crate::fence::uploads::{self, Uploads};
 use crate::s3::auth::{self, Credentials, Payload, Verified};
 use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
@@ -48,6 +49,7 @@ pub struct Proxy {
     stamp_header: String,
     gate: Arc<Gate>,
     upstream: Arc<Upstream>,
+    uploads: Uploads,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -92,6 +94,7 @@ impl Proxy {
             stamp_header: meta,
             gate,
             upstream,
+            uploads: Uploads::default(),
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
         }
@@ -199,6 +202,14 @@ impl Proxy {
             .carriers
             .extract(&parts.headers, &query)
             .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?;
+        let upload_id = query
+            .iter()
+            .find(|(k, _)| k == "uploadId")
+            .map(|(_, v)| v.clone());
+        let token = match (token, &upload_id, &op.bucket, &op.key) {
+            (None, Some(u), Some(b), Some(k)) => self.uploads.token(b, k, u),
+            (t, ..) => t,
+        };
         log.token = token;
         let fenced = self.fence(&op, token, log).await?;
 
@@ -229,6 +240,29 @@ impl Proxy {
         // 7. respond
         let (mut parts, body) = resp.into_parts();
         clean_response_headers(&mut parts.headers);
+        if let (Some(b), Some(k)) = (&op.bucket, &op.key)
+            && parts.status.is_success()
+        {
+            match (op.name, &upload_id, fenced.token) {
+                ("CreateMultipartUpload", _, Some(t)) => {
+                    // A small XML document: read it to learn the upload id.
+                    let limited = http_body_util::Limited::new(body, 1 << 20);
+                    let bytes = limited
+                        .collect()
+                        .await
+                        .map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?
+                        .to_bytes();
+                    if let Some(id) = uploads::upload_id_from_xml(&bytes) {
+                        self.uploads.record(b, k, &id, t);
+                    }
+                    return Ok(Response::from_parts(parts, full(bytes)));
+                }
+                ("CompleteMultipartUpload" | "AbortMultipartUpload", Some(u), _) => {
+                    self.uploads.forget(b, k, u);
+                }
+                _ => {}
+            }
+        }
         let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
         Ok(Response::from_parts(parts, body))
     }

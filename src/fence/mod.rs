@@ -5,3 +5,4 @@ pub mod gate;
 pub mod resource;
 pub mod store;
 pub mod token;
+pub mod uploads;
