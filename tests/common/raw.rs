@@ -34,6 +34,9 @@ pub enum Form {
     Chunked {
         trailer: bool,
     },
+    /// STREAMING-UNSIGNED-PAYLOAD-TRAILER with a SHA-256 trailer, sent with
+    /// `Transfer-Encoding: chunked` and no Content-Length, as botocore does.
+    UnsignedTrailer,
 }
 
 /// A body: its decoded length, its bytes as a stream, and (for the SHA-256
@@ -246,6 +249,12 @@ impl RawClient {
                     Some(signed_chunked_len(s.len, None)),
                 )
             }
+            (Some(s), Form::UnsignedTrailer) => {
+                headers.push(("content-encoding".into(), "aws-chunked".into()));
+                headers.push(("x-amz-decoded-content-length".into(), s.len.to_string()));
+                headers.push(("x-amz-trailer".into(), "x-amz-checksum-sha256".into()));
+                ("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_string(), None)
+            }
             (Some(s), Form::Chunked { trailer: true }) => {
                 headers.push(("content-encoding".into(), "aws-chunked".into()));
                 headers.push(("x-amz-decoded-content-length".into(), s.len.to_string()));
@@ -282,6 +291,7 @@ impl RawClient {
                     Form::Chunked { trailer } => {
                         signed_chunks(src, seed, identity.clone(), req.time, trailer)
                     }
+                    Form::UnsignedTrailer => unsigned_trailer_chunks(src),
                     _ => src.stream,
                 };
                 let damaged = damage(wire, req.damage);
@@ -424,6 +434,27 @@ fn signed_chunks(
             }
         }
     }))
+}
+
+/// Unsigned aws-chunked: each piece of `src` one chunk, then a SHA-256 trailer.
+fn unsigned_trailer_chunks(src: Source) -> ByteStream {
+    use base64::Engine;
+    let hasher = std::sync::Arc::new(std::sync::Mutex::new(Sha256::new()));
+    let h2 = hasher.clone();
+    let chunks = src.stream.map(move |b| {
+        h2.lock().unwrap().update(&b);
+        let mut out = BytesMut::new();
+        out.extend_from_slice(format!("{:x}\r\n", b.len()).as_bytes());
+        out.extend_from_slice(&b);
+        out.extend_from_slice(b"\r\n");
+        out.freeze()
+    });
+    let tail = futures_util::stream::once(async move {
+        let sum = base64::engine::general_purpose::STANDARD
+            .encode(std::mem::take(&mut *hasher.lock().unwrap()).finalize());
+        Bytes::from(format!("0\r\nx-amz-checksum-sha256:{sum}\r\n\r\n"))
+    });
+    Box::pin(chunks.chain(tail))
 }
 
 /// Applies `d` to a wire stream; a cut ends the stream with an I/O error.
