@@ -250,7 +250,9 @@ impl Proxy {
                     let bytes = limited
                         .collect()
                         .await
-                        .map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?
+                        .map_err(|e| {
+                            S3Error::BadGateway(format!("reading the backend's answer: {e}"))
+                        })?
                         .to_bytes();
                     if let Some(id) = uploads::upload_id_from_xml(&bytes) {
                         self.uploads.record(b, k, &id, t);

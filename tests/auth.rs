@@ -107,7 +107,10 @@ async fn every_payload_form_works_and_lands_intact() {
         let r = raw.send(req).await.unwrap();
         assert_eq!(r.status, 200, "{form:?}: {}", r.body);
         let stored = be.object("demo", &format!("form{i}")).unwrap();
-        if matches!(form, Form::Chunked { trailer: true } | Form::UnsignedTrailer) {
+        if matches!(
+            form,
+            Form::Chunked { trailer: true } | Form::UnsignedTrailer
+        ) {
             // Forwarded as unsigned aws-chunked with the checksum trailer.
             let text = String::from_utf8_lossy(&stored);
             assert!(

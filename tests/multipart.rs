@@ -69,7 +69,13 @@ async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused() {
     // A whole upload with the token given once, at Create.
     let (id, part) = start_upload(&c, "big", 10).await;
     complete(&c, "big", &id, part).await.unwrap();
-    let head = c.head_object().bucket("demo").key("big").send().await.unwrap();
+    let head = c
+        .head_object()
+        .bucket("demo")
+        .key("big")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(head.content_length(), Some(PART as i64));
     assert_eq!(head.metadata().unwrap()["fencing-token"], "10");
 
@@ -87,8 +93,17 @@ async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused() {
         complete(&c, "big", &id, part).await.unwrap_err(),
         "StaleFencingToken"
     );
-    let got = c.get_object().bucket("demo").key("big").send().await.unwrap();
-    assert_eq!(got.body.collect().await.unwrap().into_bytes().as_ref(), b"twelve");
+    let got = c
+        .get_object()
+        .bucket("demo")
+        .key("big")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes().as_ref(),
+        b"twelve"
+    );
 
     // An upload part without any token and no known upload is refused.
     let r = c
