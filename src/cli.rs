@@ -25,6 +25,39 @@ pub struct Cli {
 pub enum Command {
     /// Serve the S3 API (the default).
     Serve(ServeArgs),
+    /// Inspect or raise fences through the admin API.
+    Fences(FencesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FencesArgs {
+    /// Admin API base URL. Default: http://<server.admin_listen of the config>.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// Admin bearer token for raising. Default: FENCEGATE_ADMIN_TOKEN, then
+    /// server.admin_token of the config.
+    #[arg(long, env = "FENCEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    #[command(subcommand)]
+    pub action: FencesAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FencesAction {
+    /// List recorded fences, in resource order.
+    List {
+        #[arg(long)]
+        prefix: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Start after this resource (the previous page's next_after).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Show one resource's fence.
+    Get { resource: String },
+    /// Raise a resource's fence by hand (revokes holders below TOKEN).
+    Raise { resource: String, token: u64 },
 }
 
 #[derive(Debug, Clone, Args, Default)]

@@ -39,6 +39,34 @@ pub struct ServerConfig {
     pub region: String,
     /// Largest accepted request header section, in bytes.
     pub max_header_bytes: usize,
+    /// Most S3 connections open at once; more are answered 503 SlowDown.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's header section
+    /// (and, between requests, stay idle) before it is closed.
+    pub idle_timeout_ms: u64,
+    /// Longest pause in a request body before the request fails with
+    /// `400 RequestTimeout`.
+    pub request_timeout_ms: u64,
+    /// Bearer token for admin writes (`POST /fences/...`); falls back to
+    /// `FENCEGATE_ADMIN_TOKEN`. Without one, raising by hand is disabled.
+    pub admin_token: Option<Secret>,
+}
+
+/// A secret string: never printed by `Debug`.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -76,7 +104,7 @@ pub struct BackendConfig {
     /// Backend credentials; fall back to `AWS_ACCESS_KEY_ID` /
     /// `AWS_SECRET_ACCESS_KEY` when absent.
     pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
+    pub secret_access_key: Option<Secret>,
     /// Give up on a backend response after this long.
     pub timeout_ms: u64,
 }
@@ -174,6 +202,10 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("./data"),
             region: "us-east-1".into(),
             max_header_bytes: 64 * 1024,
+            max_connections: 1024,
+            idle_timeout_ms: 60_000,
+            request_timeout_ms: 60_000,
+            admin_token: None,
         }
     }
 }
@@ -268,6 +300,20 @@ impl Config {
         if !header_ok(&self.fence.stamp_metadata) {
             return Err(err("fence.stamp_metadata", "must be a non-empty name"));
         }
+        if self.server.max_connections == 0 {
+            return Err(err("server.max_connections", "must be greater than 0"));
+        }
+        if self.server.idle_timeout_ms == 0 {
+            return Err(err("server.idle_timeout_ms", "must be greater than 0"));
+        }
+        if self.server.request_timeout_ms == 0 {
+            return Err(err("server.request_timeout_ms", "must be greater than 0"));
+        }
+        if let Some(t) = &self.server.admin_token
+            && t.0.len() < 16
+        {
+            return Err(err("server.admin_token", "must be at least 16 characters"));
+        }
         if self.fence.admission_wait_ms == 0 {
             return Err(err("fence.admission_wait_ms", "must be greater than 0"));
         }
@@ -357,6 +403,16 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The admin bearer token: from the file, else `FENCEGATE_ADMIN_TOKEN`.
+    pub fn admin_token(&self) -> Option<Secret> {
+        self.server.admin_token.clone().or_else(|| {
+            std::env::var("FENCEGATE_ADMIN_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty())
+                .map(Secret)
+        })
     }
 
     pub fn admission_wait(&self) -> Duration {

@@ -1,16 +1,21 @@
 //! The `fencegate` binary: parse the command line, load the config, run.
 
 use clap::Parser;
-use fencegate::cli::{Cli, Command};
+use fencegate::admin::client::{self, FenceCommand};
+use fencegate::cli::{Cli, Command, FencesAction, FencesArgs, ServeArgs};
 use fencegate::config::LogFormat;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Serve(a)) => merge(a, cli.serve),
-        None => cli.serve,
-    };
+    match cli.command {
+        Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
+        Some(Command::Fences(f)) => fences(f, cli.serve),
+        None => serve(cli.serve),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
     let cfg = match args.load() {
         Ok(c) => c,
         Err(e) => {
@@ -36,9 +41,50 @@ fn main() -> ExitCode {
     }
 }
 
+fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
+    let cfg = match args.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fencegate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let base = f
+        .admin
+        .unwrap_or_else(|| format!("http://{}", cfg.server.admin_listen));
+    let token = f
+        .admin_token
+        .or_else(|| cfg.admin_token().map(|t| t.expose().to_string()));
+    let cmd = match f.action {
+        FencesAction::List {
+            prefix,
+            limit,
+            after,
+        } => FenceCommand::List {
+            prefix,
+            limit,
+            after,
+        },
+        FencesAction::Get { resource } => FenceCommand::Get { resource },
+        FencesAction::Raise { resource, token } => FenceCommand::Raise { resource, token },
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match rt.block_on(client::run(&base, token.as_deref(), cmd)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("fencegate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Flags given after `serve` win over those given before it.
-fn merge(a: fencegate::cli::ServeArgs, b: fencegate::cli::ServeArgs) -> fencegate::cli::ServeArgs {
-    fencegate::cli::ServeArgs {
+fn merge(a: ServeArgs, b: ServeArgs) -> ServeArgs {
+    ServeArgs {
         config: a.config.or(b.config),
         listen: a.listen.or(b.listen),
         admin_listen: a.admin_listen.or(b.admin_listen),

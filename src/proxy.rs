@@ -14,6 +14,7 @@
 //!
 //! One log event per request is written at the end.
 
+use crate::admin::metrics as m;
 use crate::config::Config;
 use crate::fence::gate::{Gate, Kind, Permit, Refusal};
 use crate::fence::resource::{Fencing, Resolver};
@@ -33,7 +34,7 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -50,6 +51,8 @@ pub struct Proxy {
     gate: Arc<Gate>,
     upstream: Arc<Upstream>,
     uploads: Uploads,
+    max_header_bytes: usize,
+    body_idle: Duration,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -95,6 +98,8 @@ impl Proxy {
             gate,
             upstream,
             uploads: Uploads::default(),
+            max_header_bytes: cfg.server.max_header_bytes,
+            body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
         }
@@ -134,6 +139,16 @@ impl Proxy {
             }
         };
         let status = resp.status().as_u16();
+        metrics::counter!(m::REQUESTS, "op" => log.op, "outcome" => log.decision).increment(1);
+        let resp = resp.map(|b| {
+            b.map_frame(|f| {
+                if let Some(d) = f.data_ref() {
+                    metrics::counter!(m::BYTES_OUT).increment(d.len() as u64);
+                }
+                f
+            })
+            .boxed()
+        });
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         macro_rules! event {
             ($level:ident) => {
@@ -170,6 +185,15 @@ impl Proxy {
         log: &mut LogCtx,
     ) -> Result<Response<ProxyBody>, S3Error> {
         let (parts, incoming) = req.into_parts();
+        let header_bytes: usize = parts
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>()
+            + parts.uri.to_string().len();
+        if header_bytes > self.max_header_bytes {
+            return Err(S3Error::RequestHeaderSectionTooLarge);
+        }
         let query = auth::decode_query(parts.uri.query());
 
         // 1. authenticate
@@ -228,7 +252,9 @@ impl Proxy {
         let upstream = self.upstream.clone();
         let permit = fenced.permit;
         let exchange = tokio::spawn(async move {
+            let sent = Instant::now();
             let result = upstream.send(outgoing).await;
+            metrics::histogram!(m::UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
             // The write is finished upstream: answered, or aborted.
             drop(permit);
             result
@@ -322,7 +348,10 @@ impl Proxy {
             (None, Kind::Read) => return Ok(none),
             (None, Kind::Write) => return Err(S3Error::MissingFencingToken(resource)),
         };
-        match self.gate.admit(&resource, token, kind).await {
+        let admitting = Instant::now();
+        let admitted = self.gate.admit(&resource, token, kind).await;
+        metrics::histogram!(m::ADMISSION_WAIT).record(admitting.elapsed().as_secs_f64());
+        match admitted {
             Ok(permit) => Ok(Fenced {
                 resource: Some(resource),
                 token: Some(token),
@@ -417,11 +446,11 @@ impl Proxy {
         let frames = match &verified.payload {
             Payload::Sha256(h) => {
                 out.payload = UpstreamPayload::Sha256Hex(hex::encode(h));
-                body::sha256_checked(body::incoming(incoming), *h)
+                body::sha256_checked(body::incoming(incoming, self.body_idle), *h)
             }
             _ => {
                 out.payload = UpstreamPayload::Unsigned;
-                body::plain(body::incoming(incoming))
+                body::plain(body::incoming(incoming, self.body_idle))
             }
         };
         out.body = Some(gated(frames));
@@ -475,7 +504,7 @@ impl Proxy {
             _ => None,
         };
         let decoded = chunked::decode(
-            body::incoming(incoming),
+            body::incoming(incoming, self.body_idle),
             ChunkedSpec {
                 signing,
                 trailers: trailers.clone(),

@@ -3,6 +3,7 @@
 //! until SIGINT/SIGTERM, then drains in-flight requests.
 
 use crate::admin::Admin;
+use crate::admin::metrics as m;
 use crate::config::{BackendKind, Config};
 use crate::fence::gate::Gate;
 use crate::fence::store::RedbStore;
@@ -46,7 +47,8 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
             let secret_access_key = cfg
                 .backend
                 .secret_access_key
-                .clone()
+                .as_ref()
+                .map(|s| s.expose().to_string())
                 .or_else(|| env("AWS_SECRET_ACCESS_KEY"))
                 .ok_or_else(|| StartError("backend credentials: set backend.secret_access_key or AWS_SECRET_ACCESS_KEY".into()))?;
             let region = cfg
@@ -94,12 +96,35 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         gate.set_ordered(false);
     }
     let gate = Arc::new(gate);
+    let metrics = match crate::admin::metrics::install() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!("metrics are off: {e}");
+            None
+        }
+    };
     let target = backend_target(&cfg).await?;
     let backend_desc = target.endpoint.to_string();
+    let backend_addr = target
+        .endpoint
+        .authority()
+        .map(|a| {
+            if a.port().is_some() {
+                a.to_string()
+            } else {
+                format!("{}:80", a.host())
+            }
+        })
+        .unwrap_or_default();
     let upstream =
         Upstream::new(target, Duration::from_millis(cfg.backend.timeout_ms)).map_err(StartError)?;
     let proxy = Arc::new(Proxy::new(&cfg, gate.clone(), Arc::new(upstream)));
-    let admin = Arc::new(Admin { gate });
+    let admin = Arc::new(Admin {
+        gate,
+        metrics,
+        admin_token: cfg.admin_token(),
+        backend_addr,
+    });
 
     let s3_listener = TcpListener::bind(cfg.server.listen).await.map_err(|e| {
         StartError(format!(
@@ -127,9 +152,14 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
     let _ = std::io::stdout().flush();
 
     let mut http = http1::Builder::new();
-    http.max_buf_size(cfg.server.max_header_bytes.max(8192))
+    // fencegate answers a header section over max_header_bytes itself, with
+    // an S3 error; hyper's own limit is only the backstop.
+    http.max_buf_size((cfg.server.max_header_bytes * 2).max(400 * 1024))
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(Duration::from_millis(cfg.server.idle_timeout_ms));
+    let mut refusing = http1::Builder::new();
+    refusing.keep_alive(false);
+    let connections = Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown_signal());
     loop {
@@ -138,13 +168,31 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
             accepted = s3_listener.accept() => {
                 let Ok((sock, _)) = accepted else { continue };
                 let _ = sock.set_nodelay(true);
+                let Ok(slot) = connections.clone().try_acquire_owned() else {
+                    // Over the connection limit: one S3 error, then close.
+                    metrics::counter!(m::CONNECTIONS_REFUSED).increment(1);
+                    let svc = service_fn(|_req| async {
+                        let e = crate::s3::error::S3Error::SlowDown("this server (connection limit)".into());
+                        let (parts, body) = e.to_response("/", "-").into_parts();
+                        let body = http_body_util::Full::new(body);
+                        Ok::<_, std::convert::Infallible>(http::Response::from_parts(parts, body))
+                    });
+                    let conn = refusing.serve_connection(TokioIo::new(sock), svc);
+                    tokio::spawn(async move { let _ = conn.await; });
+                    continue;
+                };
                 let proxy = proxy.clone();
                 let svc = service_fn(move |req| {
                     let proxy = proxy.clone();
                     async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
                 });
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), svc));
-                tokio::spawn(async move { let _ = conn.await; });
+                metrics::gauge!(m::CONNECTIONS).increment(1.0);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                    metrics::gauge!(m::CONNECTIONS).decrement(1.0);
+                    drop(slot);
+                });
             }
             accepted = admin_listener.accept() => {
                 let Ok((sock, _)) = accepted else { continue };

@@ -1,65 +1,228 @@
-//! The admin listener: health and the fence table, on its own address
-//! (loopback by default), never on the S3 port.
+//! The admin listener, on its own address (loopback by default), never on
+//! the S3 port:
+//!
+//! - `GET /healthz`: the process is up;
+//! - `GET /readyz`: the fence store answers and the backend accepts
+//!   connections;
+//! - `GET /fences?prefix=&limit=&after=`: recorded fences, paginated;
+//! - `GET /fences/{resource}`: one fence;
+//! - `POST /fences/{resource}` with `{"token": N}` and
+//!   `Authorization: Bearer <admin token>`: raise by hand (never lowers);
+//! - `GET /metrics`: Prometheus text.
 
-use crate::fence::gate::Gate;
+pub mod client;
+pub mod metrics;
+
+use crate::config::Secret;
+use crate::fence::gate::{Gate, Refusal};
 use crate::proxy::{BoxError, ProxyBody};
+use crate::s3::auth::same_signature;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use metrics_exporter_prometheus::PrometheusHandle;
 use percent_encoding::percent_decode_str;
+use serde_json::json;
 use std::sync::Arc;
+use std::time::Duration;
+
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
 
 pub struct Admin {
     pub gate: Arc<Gate>,
+    pub metrics: Option<PrometheusHandle>,
+    pub admin_token: Option<Secret>,
+    /// `host:port` of the backend, for readiness.
+    pub backend_addr: String,
 }
 
-fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
-    let body = Full::new(Bytes::from(value.to_string()))
+fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ProxyBody> {
+    let body = Full::new(Bytes::from(body))
         .map_err(|never| -> BoxError { match never {} })
         .boxed();
     let mut r = Response::new(body);
     *r.status_mut() = status;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
+        http::HeaderValue::from_static(content_type),
     );
     r
 }
 
+fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
+    respond(status, "application/json", value.to_string())
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    crate::s3::auth::decode_query(query)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
 impl Admin {
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody> {
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
         let path = req.uri().path().to_string();
-        match (req.method(), path.as_str()) {
-            (&Method::GET, "/healthz") => json(StatusCode::OK, serde_json::json!({"status": "ok"})),
-            (&Method::GET, "/readyz") => match self.gate.store().get("").await {
-                Ok(_) => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
-                Err(e) => json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    serde_json::json!({"status": "not ready", "error": e.to_string()}),
-                ),
+        let method = req.method().clone();
+        match (&method, path.as_str()) {
+            (&Method::GET, "/healthz") => json(StatusCode::OK, json!({"status": "ok"})),
+            (&Method::GET, "/readyz") => self.ready().await,
+            (&Method::GET, "/metrics") => match &self.metrics {
+                Some(h) => respond(StatusCode::OK, "text/plain; version=0.0.4", h.render()),
+                None => json(StatusCode::NOT_FOUND, json!({"error": "metrics are off"})),
             },
-            (&Method::GET, p) if p.starts_with("/fences/") => {
+            (&Method::GET, "/fences") => self.list(req.uri().query()).await,
+            (_, p) if p.starts_with("/fences/") => {
                 let resource = percent_decode_str(&p["/fences/".len()..])
                     .decode_utf8_lossy()
                     .into_owned();
-                match self.gate.highest(&resource).await {
-                    Ok(Some(h)) => json(
-                        StatusCode::OK,
-                        serde_json::json!({"resource": resource, "highest": h}),
-                    ),
-                    Ok(None) => json(
-                        StatusCode::NOT_FOUND,
-                        serde_json::json!({"resource": resource, "error": "no fence recorded"}),
-                    ),
-                    Err(e) => json(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        serde_json::json!({"error": e.to_string()}),
+                if resource.is_empty() {
+                    return json(StatusCode::NOT_FOUND, json!({"error": "no resource named"}));
+                }
+                match method {
+                    Method::GET => self.get(&resource).await,
+                    Method::POST => self.raise(&resource, req).await,
+                    _ => json(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        json!({"error": "use GET or POST"}),
                     ),
                 }
             }
-            _ => json(
-                StatusCode::NOT_FOUND,
-                serde_json::json!({"error": "not found"}),
+            _ => json(StatusCode::NOT_FOUND, json!({"error": "not found"})),
+        }
+    }
+
+    async fn ready(&self) -> Response<ProxyBody> {
+        if let Err(e) = self.gate.store().get("").await {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "not ready", "store": e.to_string()}),
+            );
+        }
+        let connect = tokio::net::TcpStream::connect(&self.backend_addr);
+        match tokio::time::timeout(Duration::from_secs(2), connect).await {
+            Ok(Ok(_)) => json(StatusCode::OK, json!({"status": "ready"})),
+            Ok(Err(e)) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "not ready", "backend": e.to_string()}),
+            ),
+            Err(_) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "not ready", "backend": "connect timed out"}),
+            ),
+        }
+    }
+
+    async fn list(&self, query: Option<&str>) -> Response<ProxyBody> {
+        let prefix = query_param(query, "prefix").unwrap_or_default();
+        let after = query_param(query, "after");
+        let limit = match query_param(query, "limit").map(|l| l.parse::<usize>()) {
+            None => DEFAULT_PAGE,
+            Some(Ok(l)) if (1..=MAX_PAGE).contains(&l) => l,
+            Some(_) => {
+                return json(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("limit must be 1..={MAX_PAGE}")}),
+                );
+            }
+        };
+        match self
+            .gate
+            .store()
+            .list(&prefix, after.as_deref(), limit)
+            .await
+        {
+            Ok(page) => {
+                let next = (page.len() == limit)
+                    .then(|| page.last().map(|r| r.resource.clone()))
+                    .flatten();
+                json(StatusCode::OK, json!({"fences": page, "next_after": next}))
+            }
+            Err(e) => json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": e.to_string()}),
+            ),
+        }
+    }
+
+    async fn get(&self, resource: &str) -> Response<ProxyBody> {
+        match self.gate.store().list(resource, None, 1).await {
+            Ok(page) => match page.into_iter().find(|r| r.resource == resource) {
+                Some(r) => json(StatusCode::OK, json!(r)),
+                None => json(
+                    StatusCode::NOT_FOUND,
+                    json!({"resource": resource, "error": "no fence recorded"}),
+                ),
+            },
+            Err(e) => json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": e.to_string()}),
+            ),
+        }
+    }
+
+    async fn raise(&self, resource: &str, req: Request<Incoming>) -> Response<ProxyBody> {
+        let Some(expected) = &self.admin_token else {
+            return json(
+                StatusCode::FORBIDDEN,
+                json!({"error": "no admin token is configured (server.admin_token); raising by hand is off"}),
+            );
+        };
+        let given = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same_signature(given, expected.expose()) {
+            let mut r = json(
+                StatusCode::UNAUTHORIZED,
+                json!({"error": "a valid admin bearer token is required"}),
+            );
+            r.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer"),
+            );
+            return r;
+        }
+        let body = match Limited::new(req.into_body(), 4096).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => {
+                return json(StatusCode::BAD_REQUEST, json!({"error": e.to_string()}));
+            }
+        };
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct RaiseBody {
+            token: u64,
+        }
+        let token = match serde_json::from_slice::<RaiseBody>(&body) {
+            Ok(b) => b.token,
+            Err(e) => {
+                return json(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("expected {{\"token\": N}} with N an unsigned 64-bit integer: {e}")}),
+                );
+            }
+        };
+        match self.gate.raise(resource, token).await {
+            Ok(highest) => {
+                tracing::warn!(resource, token, highest, "fence raised by hand");
+                json(
+                    StatusCode::OK,
+                    json!({"resource": resource, "highest": highest}),
+                )
+            }
+            Err(Refusal::Stale { highest, .. }) => json(
+                StatusCode::CONFLICT,
+                json!({"resource": resource, "highest": highest,
+                       "error": "a fence is never lowered"}),
+            ),
+            Err(e) => json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": e.to_string()}),
             ),
         }
     }

@@ -17,6 +17,7 @@
 //! point after which an abort can no longer be promised.
 
 use super::store::{FenceStore, StoreError};
+use crate::admin::metrics as m;
 use dashmap::DashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -156,6 +157,7 @@ impl Drop for Permit {
             let mut st = self.slot.lock();
             st.inflight.retain(|e| e.id != self.id);
         }
+        metrics::gauge!(m::INFLIGHT_WRITES).decrement(1.0);
         self.slot.changed.notify_waiters();
     }
 }
@@ -235,6 +237,7 @@ impl Gate {
             return Ok(token);
         }
         let recorded = self.store.raise(resource, token).await?;
+        metrics::counter!(m::RAISES).increment(1);
         let mut st = slot.lock();
         st.highest = Some(st.highest.map_or(recorded, |h| h.max(recorded)));
         if self.ordered {
@@ -282,6 +285,7 @@ impl Gate {
                     let id = st.next_id;
                     st.next_id += 1;
                     let abort = Arc::new(AbortSignal::default());
+                    metrics::gauge!(m::INFLIGHT_WRITES).increment(1.0);
                     st.inflight.push(Entry {
                         id,
                         token,

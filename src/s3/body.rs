@@ -5,6 +5,7 @@
 
 use super::chunked::{ByteStream, FrameStream};
 use super::error::S3Error;
+use crate::admin::metrics as m;
 use crate::fence::gate::Permit;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -13,16 +14,33 @@ use http_body::Frame;
 use http_body_util::BodyStream;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The client's body as bytes. A connection that ends early is an
-/// incomplete body; HTTP trailers are not used by S3 and are dropped.
-pub fn incoming(body: hyper::body::Incoming) -> ByteStream {
-    Box::pin(BodyStream::new(body).filter_map(|frame| async move {
-        match frame {
-            Ok(f) => f.into_data().ok().map(Ok),
-            Err(_) => Some(Err(S3Error::IncompleteBody)),
-        }
-    }))
+/// incomplete body; a pause longer than `idle` is a request timeout. HTTP
+/// trailers are not used by S3 and are dropped.
+pub fn incoming(body: hyper::body::Incoming, idle: Duration) -> ByteStream {
+    let st = (BodyStream::new(body), false);
+    Box::pin(futures_util::stream::unfold(
+        st,
+        move |(mut body, failed)| async move {
+            if failed {
+                return None;
+            }
+            loop {
+                let item = match tokio::time::timeout(idle, body.next()).await {
+                    Err(_) => return Some((Err(S3Error::RequestTimeout), (body, true))),
+                    Ok(None) => return None,
+                    Ok(Some(Err(_))) => return Some((Err(S3Error::IncompleteBody), (body, true))),
+                    Ok(Some(Ok(frame))) => frame,
+                };
+                if let Ok(data) = item.into_data() {
+                    metrics::counter!(m::BYTES_IN).increment(data.len() as u64);
+                    return Some((Ok(data), (body, false)));
+                }
+            }
+        },
+    ))
 }
 
 /// Plain data frames, unchecked (`UNSIGNED-PAYLOAD`).

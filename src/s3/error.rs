@@ -49,6 +49,8 @@ pub enum S3Error {
     InvalidRequest(String),
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("the client sent nothing for too long; the request timed out")]
+    RequestTimeout,
     #[error("the request header section is too large")]
     RequestHeaderSectionTooLarge,
     #[error("{0}")]
@@ -90,6 +92,7 @@ impl S3Error {
             | InvalidRequest(_)
             | InvalidArgument(_)
             | RequestHeaderSectionTooLarge
+            | RequestTimeout
             | InvalidBucketName(_) => StatusCode::BAD_REQUEST,
         }
     }
@@ -115,6 +118,7 @@ impl S3Error {
             InvalidRequest(_) => "InvalidRequest",
             InvalidArgument(_) => "InvalidArgument",
             RequestHeaderSectionTooLarge => "RequestHeaderSectionTooLarge",
+            RequestTimeout => "RequestTimeout",
             NotImplemented(_) => "NotImplemented",
             InvalidBucketName(_) => "InvalidBucketName",
             MissingContentLength => "MissingContentLength",

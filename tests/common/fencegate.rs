@@ -36,6 +36,11 @@ impl Fencegate {
     /// Starts fencegate; `extra` is appended to the generated TOML (rules,
     /// [fence] settings...).
     pub fn start(backend: Backend, extra: &str) -> Fencegate {
+        Self::start_with(backend, "", extra)
+    }
+
+    /// Like `start`, with `server_lines` added to the `[server]` table.
+    pub fn start_with(backend: Backend, server_lines: &str, extra: &str) -> Fencegate {
         let dir = tempfile::tempdir().expect("tempdir");
         let backend_toml = match &backend {
             Backend::Embedded => "[backend]\nkind = \"embedded\"\n".to_string(),
@@ -49,7 +54,7 @@ impl Fencegate {
         };
         let has_fence_table = extra.contains("[fence]");
         let config = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{data}\"\n\n{fence}{backend_toml}\n\
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{data}\"\n{server_lines}\n\n{fence}{backend_toml}\n\
              [[credentials]]\naccess_key_id = \"{DEMO_KEY}\"\nsecret_access_key = \"{DEMO_SECRET}\"\nbuckets = [\"*\"]\nbucket_admin = true\n\n\
              [[credentials]]\naccess_key_id = \"{LIMITED_KEY}\"\nsecret_access_key = \"{LIMITED_SECRET}\"\nbuckets = [\"shared\"]\n\n{extra}\n",
             data = dir.path().join("data").display(),

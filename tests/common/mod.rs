@@ -23,3 +23,28 @@ pub fn sdk_as(endpoint: &str, key: &str, secret: &str) -> aws_sdk_s3::Client {
         .build();
     aws_sdk_s3::Client::from_conf(conf)
 }
+
+/// A plain (unsigned) HTTP call, for the admin API. Returns status and body.
+pub async fn http_call(
+    method: &str,
+    url: &str,
+    bearer: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    use http_body_util::{BodyExt, Full};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<bytes::Bytes>>();
+    let mut req = http::Request::builder().method(method).uri(url);
+    if let Some(t) = bearer {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req
+        .body(Full::new(bytes::Bytes::from(
+            body.unwrap_or("").to_string(),
+        )))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}

@@ -1,0 +1,91 @@
+//! `fencegate fences ...`: the admin API from the shell.
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+
+/// What to ask the admin API.
+pub enum FenceCommand {
+    List {
+        prefix: Option<String>,
+        limit: Option<usize>,
+        after: Option<String>,
+    },
+    Get {
+        resource: String,
+    },
+    Raise {
+        resource: String,
+        token: u64,
+    },
+}
+
+fn enc(s: &str) -> String {
+    utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
+}
+
+/// Sends `cmd` to the admin API at `base` (`http://host:port`); prints the
+/// JSON answer and returns whether it was a success.
+pub async fn run(base: &str, token: Option<&str>, cmd: FenceCommand) -> Result<bool, String> {
+    let base = base.trim_end_matches('/');
+    let (method, path, body) = match cmd {
+        FenceCommand::List {
+            prefix,
+            limit,
+            after,
+        } => {
+            let mut q = Vec::new();
+            if let Some(p) = prefix {
+                q.push(format!("prefix={}", enc(&p)));
+            }
+            if let Some(l) = limit {
+                q.push(format!("limit={l}"));
+            }
+            if let Some(a) = after {
+                q.push(format!("after={}", enc(&a)));
+            }
+            (Method::GET, format!("/fences?{}", q.join("&")), None)
+        }
+        FenceCommand::Get { resource } => {
+            (Method::GET, format!("/fences/{}", enc(&resource)), None)
+        }
+        FenceCommand::Raise { resource, token } => (
+            Method::POST,
+            format!("/fences/{}", enc(&resource)),
+            Some(format!("{{\"token\":{token}}}")),
+        ),
+    };
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("{base}{path}"))
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| e.to_string())?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|e| format!("cannot reach the admin API at {base}: {e}"))?;
+    let ok = resp.status().is_success();
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    if ok {
+        println!("{text}");
+    } else {
+        eprintln!("{status}: {text}");
+    }
+    Ok(ok)
+}

@@ -1,0 +1,57 @@
+//! Prometheus metrics: the names in one place, recorded with the `metrics`
+//! crate and rendered by its Prometheus exporter at `/metrics` on the admin
+//! listener.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Requests by `op` and `outcome` (forwarded, stale, missing, invalid,
+/// auth, busy, upstream_error, bad_request, internal).
+pub const REQUESTS: &str = "fencegate_requests_total";
+/// Fences raised (a durable write of a higher token).
+pub const RAISES: &str = "fencegate_fence_raises_total";
+/// Time a request spent in admission (check, raise, barrier).
+pub const ADMISSION_WAIT: &str = "fencegate_admission_wait_seconds";
+/// Writes currently admitted and not yet finished upstream.
+pub const INFLIGHT_WRITES: &str = "fencegate_inflight_writes";
+/// Time from sending upstream to the backend's response head.
+pub const UPSTREAM_LATENCY: &str = "fencegate_upstream_seconds";
+/// Request body bytes received from clients.
+pub const BYTES_IN: &str = "fencegate_bytes_in_total";
+/// Response body bytes sent to clients.
+pub const BYTES_OUT: &str = "fencegate_bytes_out_total";
+/// Connections turned away at the connection limit.
+pub const CONNECTIONS_REFUSED: &str = "fencegate_connections_refused_total";
+/// Open S3 connections.
+pub const CONNECTIONS: &str = "fencegate_connections";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Installs the global recorder and returns the handle that renders it.
+/// Call once per process.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| format!("metrics recorder: {e}"))?;
+    describe_counter!(REQUESTS, "S3 requests by operation and outcome");
+    describe_counter!(RAISES, "fence raises made durable");
+    describe_histogram!(ADMISSION_WAIT, "seconds spent in admission");
+    describe_gauge!(INFLIGHT_WRITES, "writes admitted and not finished upstream");
+    describe_histogram!(
+        UPSTREAM_LATENCY,
+        "seconds until the backend's response head"
+    );
+    describe_counter!(BYTES_IN, "request body bytes from clients");
+    describe_counter!(BYTES_OUT, "response body bytes to clients");
+    describe_counter!(CONNECTIONS_REFUSED, "connections refused at the limit");
+    describe_gauge!(CONNECTIONS, "open S3 connections");
+    // Publish the counters at zero so that a scrape sees them before the
+    // first event.
+    metrics::counter!(RAISES).absolute(0);
+    metrics::gauge!(INFLIGHT_WRITES).set(0.0);
+    Ok(handle)
+}
