@@ -37,6 +37,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Region clients sign for.
     pub region: String,
+    /// Root domains for virtual-host style requests (`bucket.<domain>`);
+    /// requests to other hosts are path style.
+    pub domains: Vec<String>,
     /// Largest accepted request header section, in bytes.
     pub max_header_bytes: usize,
     /// Most S3 connections open at once; more are answered 503 SlowDown.
@@ -201,6 +204,7 @@ impl Default for ServerConfig {
             admin_listen: "127.0.0.1:9001".parse().unwrap(),
             data_dir: PathBuf::from("./data"),
             region: "us-east-1".into(),
+            domains: Vec::new(),
             max_header_bytes: 64 * 1024,
             max_connections: 1024,
             idle_timeout_ms: 60_000,
@@ -279,6 +283,14 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.server.region.is_empty() {
             return Err(err("server.region", "must not be empty"));
+        }
+        for (i, d) in self.server.domains.iter().enumerate() {
+            if d.is_empty() || d.contains(['/', ':', ' ']) || d.starts_with('.') {
+                return Err(err(
+                    &format!("server.domains[{i}]"),
+                    format!("{d:?} is not a domain name"),
+                ));
+            }
         }
         if self.server.max_header_bytes < 1024 {
             return Err(err("server.max_header_bytes", "must be at least 1024"));

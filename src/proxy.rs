@@ -52,6 +52,7 @@ pub struct Proxy {
     upstream: Arc<Upstream>,
     uploads: Uploads,
     max_header_bytes: usize,
+    domains: Vec<String>,
     body_idle: Duration,
     next_id: AtomicU64,
     id_prefix: u32,
@@ -78,6 +79,19 @@ struct Fenced {
     permit: Option<Arc<Permit>>,
 }
 
+fn is_presign_param(k: &str) -> bool {
+    matches!(
+        k,
+        "X-Amz-Algorithm"
+            | "X-Amz-Credential"
+            | "X-Amz-Date"
+            | "X-Amz-Expires"
+            | "X-Amz-SignedHeaders"
+            | "X-Amz-Signature"
+            | "X-Amz-Security-Token"
+    )
+}
+
 fn full(b: Bytes) -> ProxyBody {
     Full::new(b).map_err(|never| match never {}).boxed()
 }
@@ -99,6 +113,7 @@ impl Proxy {
             upstream,
             uploads: Uploads::default(),
             max_header_bytes: cfg.server.max_header_bytes,
+            domains: cfg.server.domains.clone(),
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
@@ -197,7 +212,7 @@ impl Proxy {
         let query = auth::decode_query(parts.uri.query());
 
         // 1. authenticate
-        let verified = auth::verify_header(
+        let verified = auth::verify(
             &auth::Head {
                 method: parts.method.as_str(),
                 raw_path: parts.uri.path(),
@@ -212,7 +227,11 @@ impl Proxy {
         log.payload = verified.payload.name();
 
         // 2. classify
-        let (bucket, key) = op::split_path(parts.uri.path())?;
+        let host = parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok());
+        let (bucket, key) = op::split_request(host, parts.uri.path(), &self.domains)?;
         let op = op::classify(&parts.method, bucket, key, &query, &parts.headers)?;
         log.op = op.name;
         log.bucket = op.bucket.clone();
@@ -378,7 +397,9 @@ impl Proxy {
         fenced: &Fenced,
         incoming: Incoming,
     ) -> Result<Outgoing, S3Error> {
-        query.retain(|(k, _)| *k != self.carriers.query);
+        // The token and a presigned URL's signature are fencegate's; the
+        // backend gets its own header signature.
+        query.retain(|(k, _)| *k != self.carriers.query && !is_presign_param(k));
         let mut out_headers = forwarded_headers(
             headers,
             &[self.carriers.header.as_str(), self.stamp_header.as_str()],

@@ -121,6 +121,93 @@ pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8
     hmac(&k, b"aws4_request")
 }
 
+/// The claim of an `Authorization: AWS4-HMAC-SHA256 ...` header, with its
+/// `x-amz-date`, checked against the clock.
+fn header_claim<'a>(
+    head: &'a Head<'a>,
+    now: SystemTime,
+) -> Result<(AuthHeader<'a>, &'a str), S3Error> {
+    let Some(auth) = head.headers.get(http::header::AUTHORIZATION) else {
+        return Err(S3Error::AccessDenied(
+            "anonymous requests are not accepted: sign with SigV4".into(),
+        ));
+    };
+    let auth = auth
+        .to_str()
+        .map_err(|_| S3Error::AuthorizationHeaderMalformed("not ASCII".into()))?;
+    let a = parse_auth_header(auth)?;
+    let amz_date = head
+        .headers
+        .get("x-amz-date")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| S3Error::AccessDenied("x-amz-date is required".into()))?;
+    let when = parse_amz_date(amz_date)
+        .ok_or_else(|| S3Error::AccessDenied(format!("x-amz-date {amz_date:?} is malformed")))?;
+    let skew = now.duration_since(when).unwrap_or_else(|e| e.duration());
+    if skew > MAX_SKEW {
+        return Err(S3Error::RequestTimeTooSkewed);
+    }
+    Ok((a, amz_date))
+}
+
+/// The claim of a presigned URL's `X-Amz-*` query parameters, checked
+/// against the clock: not expired, expiry at most 7 days, not from the
+/// future.
+fn presigned_claim<'a>(
+    head: &'a Head<'a>,
+    now: SystemTime,
+) -> Result<(AuthHeader<'a>, &'a str), S3Error> {
+    let malformed = |m: &str| S3Error::AuthorizationQueryParametersError(m.to_string());
+    let q = |n: &str| {
+        head.query
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_str())
+            .ok_or_else(|| malformed(&format!("{n} is missing")))
+    };
+    if head.headers.contains_key(http::header::AUTHORIZATION) {
+        return Err(malformed(
+            "a request is signed in the header or the URL, not both",
+        ));
+    }
+    if q("X-Amz-Algorithm")? != "AWS4-HMAC-SHA256" {
+        return Err(malformed("X-Amz-Algorithm must be AWS4-HMAC-SHA256"));
+    }
+    let scope: Vec<&str> = q("X-Amz-Credential")?.split('/').collect();
+    if scope.len() != 5 || scope[4] != "aws4_request" {
+        return Err(malformed(
+            "X-Amz-Credential must be KEY/DATE/REGION/SERVICE/aws4_request",
+        ));
+    }
+    let amz_date = q("X-Amz-Date")?;
+    let when = parse_amz_date(amz_date).ok_or_else(|| malformed("X-Amz-Date is malformed"))?;
+    let expires: u64 = q("X-Amz-Expires")?
+        .parse()
+        .map_err(|_| malformed("X-Amz-Expires must be a number of seconds"))?;
+    if expires == 0 || expires > MAX_PRESIGN_EXPIRY {
+        return Err(malformed(
+            "X-Amz-Expires must be between 1 and 604800 seconds (7 days)",
+        ));
+    }
+    if when > now + MAX_SKEW {
+        return Err(S3Error::RequestTimeTooSkewed);
+    }
+    if now > when + Duration::from_secs(expires) {
+        return Err(S3Error::ExpiredRequest);
+    }
+    Ok((
+        AuthHeader {
+            access_key: scope[0],
+            date: scope[1],
+            region: scope[2],
+            service: scope[3],
+            signed_headers: q("X-Amz-SignedHeaders")?.split(';').collect(),
+            signature: q("X-Amz-Signature")?,
+        },
+        amz_date,
+    ))
+}
+
 /// Constant-time comparison of two hex signatures.
 pub fn same_signature(a: &str, b: &str) -> bool {
     a.len() == b.len()
@@ -273,22 +360,29 @@ pub struct Head<'a> {
     pub headers: &'a HeaderMap,
 }
 
-/// Verifies a header-signed request. `now` is injected for tests.
-pub fn verify_header(
+/// The longest validity of a presigned URL: 7 days.
+pub const MAX_PRESIGN_EXPIRY: u64 = 7 * 24 * 3600;
+
+/// Verifies a SigV4 request, signed in the `Authorization` header or as a
+/// presigned URL (query parameters). `now` is injected for tests.
+pub fn verify(
     head: &Head<'_>,
     creds: &Credentials,
     region: &str,
     now: SystemTime,
 ) -> Result<Verified, S3Error> {
-    let Some(auth) = head.headers.get(http::header::AUTHORIZATION) else {
-        return Err(S3Error::AccessDenied(
-            "anonymous requests are not accepted: sign with SigV4".into(),
-        ));
+    let q = |n: &str| {
+        head.query
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_str())
     };
-    let auth = auth
-        .to_str()
-        .map_err(|_| S3Error::AuthorizationHeaderMalformed("not ASCII".into()))?;
-    let a = parse_auth_header(auth)?;
+    let presigned = q("X-Amz-Algorithm").is_some();
+    let (a, amz_date) = if presigned {
+        presigned_claim(head, now)?
+    } else {
+        header_claim(head, now)?
+    };
     let credential = creds
         .by_key
         .get(a.access_key)
@@ -305,20 +399,9 @@ pub fn verify_header(
             "the service must be s3".into(),
         ));
     }
-    let amz_date = head
-        .headers
-        .get("x-amz-date")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| S3Error::AccessDenied("x-amz-date is required".into()))?;
-    let when = parse_amz_date(amz_date)
-        .ok_or_else(|| S3Error::AccessDenied(format!("x-amz-date {amz_date:?} is malformed")))?;
-    let skew = now.duration_since(when).unwrap_or_else(|e| e.duration());
-    if skew > MAX_SKEW {
-        return Err(S3Error::RequestTimeTooSkewed);
-    }
     if !amz_date.starts_with(a.date) || a.date.len() != 8 {
         return Err(S3Error::AuthorizationHeaderMalformed(
-            "the credential date does not match x-amz-date".into(),
+            "the credential date does not match the request date".into(),
         ));
     }
     if !a.signed_headers.contains(&"host") {
@@ -358,7 +441,8 @@ pub fn verify_header(
     canonical.push('\n');
     canonical.push_str(&canonical_uri(head.raw_path));
     canonical.push('\n');
-    canonical.push_str(&canonical_query(head.query, None));
+    let skip = presigned.then_some("X-Amz-Signature");
+    canonical.push_str(&canonical_query(head.query, skip));
     canonical.push('\n');
     for name in &a.signed_headers {
         canonical.push_str(name);
@@ -424,13 +508,13 @@ mod tests {
             headers: &h,
         };
         let now = parse_amz_date("20130524T000500Z").unwrap();
-        let v = verify_header(&head, &creds, "us-east-1", now).unwrap();
+        let v = verify(&head, &creds, "us-east-1", now).unwrap();
         assert!(matches!(v.payload, Payload::Sha256(_)));
 
         // Too far from the server's clock.
         let later = parse_amz_date("20130524T001600Z").unwrap();
         assert!(matches!(
-            verify_header(&head, &creds, "us-east-1", later),
+            verify(&head, &creds, "us-east-1", later),
             Err(S3Error::RequestTimeTooSkewed)
         ));
 
@@ -442,7 +526,7 @@ mod tests {
             ..head
         };
         assert!(matches!(
-            verify_header(&head, &creds, "us-east-1", now),
+            verify(&head, &creds, "us-east-1", now),
             Err(S3Error::SignatureDoesNotMatch)
         ));
     }

@@ -33,6 +33,8 @@ pub enum S3Error {
     AuthorizationHeaderMalformed(String),
     #[error("the request has expired")]
     ExpiredRequest,
+    #[error("{0}")]
+    AuthorizationQueryParametersError(String),
 
     // Bodies.
     #[error("the body's SHA-256 does not match x-amz-content-sha256")]
@@ -85,6 +87,7 @@ impl S3Error {
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             InvalidFencingToken(_)
             | AuthorizationHeaderMalformed(_)
+            | AuthorizationQueryParametersError(_)
             | ContentSha256Mismatch
             | IncompleteBody
             | InvalidChunk(_)
@@ -111,6 +114,7 @@ impl S3Error {
             RequestTimeTooSkewed => "RequestTimeTooSkewed",
             AuthorizationHeaderMalformed(_) => "AuthorizationHeaderMalformed",
             ExpiredRequest => "AccessDenied",
+            AuthorizationQueryParametersError(_) => "AuthorizationQueryParametersError",
             ContentSha256Mismatch => "XAmzContentSHA256Mismatch",
             IncompleteBody => "IncompleteBody",
             InvalidChunk(_) => "InvalidRequest",
@@ -140,6 +144,7 @@ impl S3Error {
             | SignatureDoesNotMatch
             | RequestTimeTooSkewed
             | AuthorizationHeaderMalformed(_)
+            | AuthorizationQueryParametersError(_)
             | ExpiredRequest => "auth",
             BadGateway(_) => "upstream_error",
             Internal(_) => "internal",

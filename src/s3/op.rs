@@ -35,6 +35,35 @@ pub struct Operation {
     pub stamps_token: bool,
 }
 
+/// The bucket named by a virtual-host style `Host` (`bucket.<domain>`), for
+/// one of the configured root `domains`.
+pub fn bucket_from_host<'a>(host: &'a str, domains: &[String]) -> Option<&'a str> {
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    };
+    domains.iter().find_map(|d| {
+        host.strip_suffix(d.as_str())
+            .and_then(|rest| rest.strip_suffix('.'))
+            .filter(|b| !b.is_empty())
+    })
+}
+
+/// Splits a request into decoded bucket and key: virtual-host style when
+/// the host names a bucket under one of `domains`, else path style.
+pub fn split_request(
+    host: Option<&str>,
+    raw_path: &str,
+    domains: &[String],
+) -> Result<(Option<String>, Option<String>), S3Error> {
+    let Some(bucket) = host.and_then(|h| bucket_from_host(h, domains)) else {
+        return split_path(raw_path);
+    };
+    // The whole path is the key.
+    let (b, k) = split_path(&format!("/{bucket}{raw_path}"))?;
+    Ok((b, k))
+}
+
 /// Splits a path-style request path into decoded bucket and key.
 pub fn split_path(raw_path: &str) -> Result<(Option<String>, Option<String>), S3Error> {
     let trimmed = raw_path.strip_prefix('/').unwrap_or(raw_path);
@@ -264,6 +293,23 @@ mod tests {
             w(Method::PUT, "/b/k", &[("legal-hold", "")], false),
             "PutObjectLegalHold"
         );
+    }
+
+    #[test]
+    fn virtual_host_style() {
+        let d = vec!["s3.example.com".to_string()];
+        assert_eq!(
+            bucket_from_host("demo.s3.example.com:9000", &d),
+            Some("demo")
+        );
+        assert_eq!(bucket_from_host("s3.example.com:9000", &d), None);
+        assert_eq!(bucket_from_host("demo.other.com", &d), None);
+        let (b, k) = split_request(Some("demo.s3.example.com"), "/a/b%20c", &d).unwrap();
+        assert_eq!((b.as_deref(), k.as_deref()), (Some("demo"), Some("a/b c")));
+        let (b, k) = split_request(Some("s3.example.com"), "/demo/a", &d).unwrap();
+        assert_eq!((b.as_deref(), k.as_deref()), (Some("demo"), Some("a")));
+        let (b, k) = split_request(Some("demo.s3.example.com"), "/", &d).unwrap();
+        assert_eq!((b.as_deref(), k), (Some("demo"), None));
     }
 
     #[test]

@@ -137,6 +137,13 @@ pub struct RawRequest {
     pub damage: Damage,
     /// Headers changed after signing.
     pub after_signing: Vec<(String, String)>,
+    /// Sign as a presigned URL valid this long (query parameters), instead
+    /// of the Authorization header.
+    pub presign: Option<Duration>,
+    /// Raw text appended to the query after signing.
+    pub query_after_signing: String,
+    /// Host header to send (and sign) instead of the endpoint's.
+    pub host: Option<String>,
 }
 
 impl RawRequest {
@@ -153,6 +160,9 @@ impl RawRequest {
             secret: super::fencegate::DEMO_SECRET.into(),
             damage: Damage::default(),
             after_signing: vec![],
+            presign: None,
+            query_after_signing: String::new(),
+            host: None,
         }
     }
 
@@ -234,6 +244,7 @@ impl RawClient {
             .next()
             .unwrap()
             .to_string();
+        let host = req.host.clone().unwrap_or(host);
         let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
         headers.extend(req.headers.iter().cloned());
         let trailer_line = "x-amz-checksum-sha256:".to_string();
@@ -269,15 +280,35 @@ impl RawClient {
         if let Some(n) = wire_len {
             headers.push(("content-length".into(), n.to_string()));
         }
-        headers.push(("x-amz-content-sha256".into(), content_sha.clone()));
+        if req.presign.is_none() {
+            headers.push(("x-amz-content-sha256".into(), content_sha.clone()));
+        }
 
         let identity: Identity = Credentials::new(&req.key, &req.secret, None, None, "test").into();
-        let params = v4_params(&identity, req.time).into();
+        let mut presign_params = v4_params(&identity, req.time);
+        if let Some(expiry) = req.presign {
+            let mut settings = presign_settings();
+            settings.expires_in = Some(expiry);
+            presign_params = v4::SigningParams::builder()
+                .identity(&identity)
+                .region("us-east-1")
+                .name("s3")
+                .time(req.time)
+                .settings(settings)
+                .build()
+                .unwrap();
+        }
+        let params = presign_params.into();
+        let signable_body = if req.presign.is_some() {
+            SignableBody::UnsignedPayload
+        } else {
+            SignableBody::Precomputed(content_sha.clone())
+        };
         let signable = SignableRequest::new(
             req.method.as_str(),
             url.as_str(),
             headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            SignableBody::Precomputed(content_sha.clone()),
+            signable_body,
         )
         .unwrap();
         let (instructions, seed) = sign(signable, &params).unwrap().into_parts();
@@ -300,12 +331,19 @@ impl RawClient {
         };
         let mut builder = Request::builder().method(req.method).uri(&url);
         for (k, v) in &headers {
-            if k != "host" {
+            if k != "host" || req.host.is_some() {
                 builder = builder.header(k, v);
             }
         }
         let mut http_req = builder.body(body).unwrap();
         instructions.apply_to_request_http1x(&mut http_req);
+        if !req.query_after_signing.is_empty() {
+            let uri = http_req.uri().to_string();
+            let sep = if uri.contains('?') { '&' } else { '?' };
+            *http_req.uri_mut() = format!("{uri}{sep}{}", req.query_after_signing)
+                .parse()
+                .unwrap();
+        }
         for (k, v) in &req.after_signing {
             http_req.headers_mut().insert(
                 http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
@@ -330,6 +368,15 @@ impl RawClient {
             body: String::from_utf8_lossy(&body).into_owned(),
         })
     }
+}
+
+fn presign_settings() -> SigningSettings {
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.payload_checksum_kind = PayloadChecksumKind::NoHeader;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    settings.signature_location = aws_sigv4::http_request::SignatureLocation::QueryParams;
+    settings
 }
 
 fn v4_params(identity: &Identity, time: SystemTime) -> v4::SigningParams<'_, SigningSettings> {
