@@ -121,3 +121,85 @@ async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused() {
         Some("MissingFencingToken")
     );
 }
+
+async fn delete_objects(
+    c: &aws_sdk_s3::Client,
+    keys: &[&str],
+    token: Option<u64>,
+) -> Result<usize, String> {
+    use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+    let objects: Vec<ObjectIdentifier> = keys
+        .iter()
+        .map(|k| ObjectIdentifier::builder().key(*k).build().unwrap())
+        .collect();
+    let req = c
+        .delete_objects()
+        .bucket("demo")
+        .delete(
+            Delete::builder()
+                .set_objects(Some(objects))
+                .build()
+                .unwrap(),
+        )
+        .customize()
+        .mutate_request(move |r| {
+            if let Some(t) = token {
+                r.headers_mut().insert("x-fencing-token", t.to_string());
+            }
+        });
+    req.send().await.map(|o| o.deleted().len()).map_err(|e| {
+        aws_sdk_s3::error::ProvideErrorMetadata::code(&e)
+            .unwrap_or("?")
+            .to_string()
+    })
+}
+
+#[tokio::test]
+async fn delete_objects_is_all_or_nothing() {
+    let fg = Fencegate::start(
+        Backend::Embedded,
+        "[[rules]]\nbucket = \"demo\"\nprefix = \"tmp/\"\nmode = \"unfenced\"\n",
+    );
+    let c = common::sdk(&fg.endpoint());
+    c.create_bucket().bucket("demo").send().await.unwrap();
+    for (k, t) in [("a", 10), ("b", 30), ("tmp/x", 0)] {
+        c.put_object()
+            .bucket("demo")
+            .key(k)
+            .metadata("fencing-token", t.to_string())
+            .body(ByteStream::from_static(b"x"))
+            .send()
+            .await
+            .unwrap();
+    }
+    let exists = |k: &'static str| {
+        let c = c.clone();
+        async move { c.head_object().bucket("demo").key(k).send().await.is_ok() }
+    };
+    // Token 20 is fine for "a" but fenced off for "b": nothing is deleted.
+    assert_eq!(
+        delete_objects(&c, &["a", "b"], Some(20)).await.unwrap_err(),
+        "StaleFencingToken"
+    );
+    assert!(exists("a").await && exists("b").await);
+    // ... and "a"'s fence did not move: 15 is still good there.
+    c.put_object()
+        .bucket("demo")
+        .key("a")
+        .metadata("fencing-token", "15")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        delete_objects(&c, &["a", "b"], None).await.unwrap_err(),
+        "MissingFencingToken"
+    );
+    assert!(exists("a").await && exists("b").await);
+    // Unfenced keys need no token.
+    assert_eq!(delete_objects(&c, &["tmp/x"], None).await, Ok(1));
+    assert!(!exists("tmp/x").await);
+    // With a current token, all go.
+    assert_eq!(delete_objects(&c, &["a", "b"], Some(30)).await, Ok(2));
+    assert!(!exists("a").await && !exists("b").await);
+}

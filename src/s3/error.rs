@@ -59,6 +59,8 @@ pub enum S3Error {
     NotImplemented(String),
     #[error("{0}")]
     InvalidBucketName(String),
+    #[error("{0}")]
+    MalformedXML(String),
     #[error("a Content-Length header is required")]
     MissingContentLength,
 
@@ -96,6 +98,7 @@ impl S3Error {
             | InvalidArgument(_)
             | RequestHeaderSectionTooLarge
             | RequestTimeout
+            | MalformedXML(_)
             | InvalidBucketName(_) => StatusCode::BAD_REQUEST,
         }
     }
@@ -125,6 +128,7 @@ impl S3Error {
             RequestTimeout => "RequestTimeout",
             NotImplemented(_) => "NotImplemented",
             InvalidBucketName(_) => "InvalidBucketName",
+            MalformedXML(_) => "MalformedXML",
             MissingContentLength => "MissingContentLength",
             BadGateway(_) => "BadGateway",
             Internal(_) => "InternalError",

@@ -5,4 +5,5 @@ pub mod auth;
 pub mod body;
 pub mod chunked;
 pub mod error;
+pub mod multi_delete;
 pub mod op;
