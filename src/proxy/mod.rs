@@ -14,6 +14,7 @@
 //!
 //! One log event per request is written at the end.
 
+mod copy;
 mod multi_delete;
 mod outgoing;
 
@@ -237,7 +238,7 @@ impl Proxy {
         log.key = op.key.clone();
 
         // 3. authorize
-        self.authorize(&verified, &op)?;
+        self.authorize(&verified, &op, &parts.headers)?;
 
         // 4. fence
         let token = self
@@ -267,6 +268,10 @@ impl Proxy {
         )?;
 
         let mut outgoing = outgoing;
+        if op.name == "CopyObject" && fenced.token.is_some() {
+            self.keep_source_metadata(&mut outgoing, &parts.headers)
+                .await?;
+        }
         let others = if op.access == Access::MultiDelete {
             self.fence_multi_delete(&op, token, &mut outgoing, log)
                 .await?
@@ -322,13 +327,26 @@ impl Proxy {
         Ok(Response::from_parts(parts, body))
     }
 
-    fn authorize(&self, v: &Verified, op: &Operation) -> Result<(), S3Error> {
+    fn authorize(
+        &self,
+        v: &Verified,
+        op: &Operation,
+        headers: &http::HeaderMap,
+    ) -> Result<(), S3Error> {
         let Some(bucket) = &op.bucket else {
             return Ok(());
         };
         if !v.credential.allows_bucket(bucket) {
             return Err(S3Error::AccessDenied(format!(
                 "access key {} may not use bucket {bucket}",
+                v.credential.access_key_id
+            )));
+        }
+        if let (Some(Ok((src, _, _))), Some(_)) = (op::copy_source(headers), &op.key)
+            && !v.credential.allows_bucket(&src)
+        {
+            return Err(S3Error::AccessDenied(format!(
+                "access key {} may not read the copy source bucket {src}",
                 v.credential.access_key_id
             )));
         }

@@ -64,6 +64,28 @@ pub fn split_request(
     Ok((b, k))
 }
 
+/// The object named by `x-amz-copy-source` (`[/]bucket/key[?versionId=v]`,
+/// URL-encoded): bucket, key, version.
+pub fn copy_source(
+    headers: &HeaderMap,
+) -> Option<Result<(String, String, Option<String>), S3Error>> {
+    let raw = headers.get("x-amz-copy-source")?;
+    let bad = || S3Error::InvalidArgument("x-amz-copy-source is malformed".into());
+    let parse = || {
+        let raw = raw.to_str().map_err(|_| bad())?;
+        let (path, version) = match raw.split_once("?versionId=") {
+            Some((p, v)) => (p, Some(v.to_string())),
+            None => (raw, None),
+        };
+        let path = path.strip_prefix('/').unwrap_or(path);
+        match split_path(&format!("/{path}"))? {
+            (Some(b), Some(k)) => Ok((b, k, version)),
+            _ => Err(bad()),
+        }
+    };
+    Some(parse())
+}
+
 /// Splits a path-style request path into decoded bucket and key.
 pub fn split_path(raw_path: &str) -> Result<(Option<String>, Option<String>), S3Error> {
     let trimmed = raw_path.strip_prefix('/').unwrap_or(raw_path);

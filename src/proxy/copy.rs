@@ -1,0 +1,87 @@
+//! CopyObject stamps the copy with the token that wrote it. S3 copies the
+//! source's metadata only under `x-amz-metadata-directive: COPY`, which
+//! would also copy the source's token. So fencegate reads the source's
+//! metadata (HEAD) and sends the copy with `REPLACE`: the source's metadata
+//! and content headers, and the new token. Nothing else is lost.
+
+use super::Proxy;
+use crate::s3::error::S3Error;
+use crate::s3::op;
+use crate::upstream::client::{Outgoing, UpstreamPayload};
+use http::{HeaderMap, Method};
+
+/// Headers that travel with an object's metadata under COPY.
+const CONTENT_HEADERS: &[&str] = &[
+    "content-type",
+    "content-encoding",
+    "content-language",
+    "content-disposition",
+    "cache-control",
+    "expires",
+    "x-amz-website-redirect-location",
+];
+
+impl Proxy {
+    pub(super) async fn keep_source_metadata(
+        &self,
+        out: &mut Outgoing,
+        headers: &HeaderMap,
+    ) -> Result<(), S3Error> {
+        let directive = headers
+            .get("x-amz-metadata-directive")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("COPY");
+        if directive.eq_ignore_ascii_case("REPLACE") {
+            // The client gives the metadata; the token is already stamped.
+            return Ok(());
+        }
+        let Some(source) = op::copy_source(headers) else {
+            return Ok(());
+        };
+        let (bucket, key, version) = source?;
+        let head = Outgoing {
+            method: Method::HEAD,
+            bucket: Some(bucket),
+            key: Some(key),
+            query: version
+                .map(|v| vec![("versionId".into(), v)])
+                .unwrap_or_default(),
+            headers: HeaderMap::new(),
+            body: None,
+            content_length: None,
+            payload: UpstreamPayload::Empty,
+        };
+        let resp = self.upstream.send(head).await?;
+        if !resp.status().is_success() {
+            // Let the copy itself fail with the backend's own error.
+            return Ok(());
+        }
+        let src = resp.headers();
+        for name in CONTENT_HEADERS {
+            out.headers.remove(*name);
+            if let Some(v) = src.get(*name) {
+                out.headers.insert(*name, v.clone());
+            }
+        }
+        let stamp = self.stamp_header.as_str();
+        let client_meta: Vec<_> = out
+            .headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("x-amz-meta-") && n.as_str() != stamp)
+            .cloned()
+            .collect();
+        for n in client_meta {
+            out.headers.remove(n);
+        }
+        for (name, value) in src {
+            if name.as_str().starts_with("x-amz-meta-") && name.as_str() != stamp {
+                out.headers.append(name.clone(), value.clone());
+            }
+        }
+        out.headers.insert(
+            "x-amz-metadata-directive",
+            http::HeaderValue::from_static("REPLACE"),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! CopyObject fences the destination only, stamps the copy with its own
+//! token, and keeps the source's metadata and content headers.
+
+mod common;
+
+use aws_sdk_s3::primitives::ByteStream;
+use common::fencegate::{Backend, Fencegate, LIMITED_KEY, LIMITED_SECRET};
+
+#[tokio::test]
+async fn copy_stamps_the_new_token_and_keeps_the_rest() {
+    let fg = Fencegate::start(Backend::Embedded, "");
+    let c = common::sdk(&fg.endpoint());
+    c.create_bucket().bucket("demo").send().await.unwrap();
+    c.put_object()
+        .bucket("demo")
+        .key("src")
+        .content_type("text/csv")
+        .cache_control("max-age=60")
+        .metadata("owner", "alice")
+        .metadata("fencing-token", "50")
+        .body(ByteStream::from_static(b"a,b\n"))
+        .send()
+        .await
+        .unwrap();
+    // The destination's fence is its own: 7 is fine there although the
+    // source's is 50.
+    c.copy_object()
+        .bucket("demo")
+        .key("dst")
+        .copy_source("demo/src")
+        .metadata("fencing-token", "7")
+        .send()
+        .await
+        .unwrap();
+    let head = c
+        .head_object()
+        .bucket("demo")
+        .key("dst")
+        .send()
+        .await
+        .unwrap();
+    let meta = head.metadata().unwrap();
+    assert_eq!(meta["fencing-token"], "7");
+    assert_eq!(meta["owner"], "alice");
+    assert_eq!(head.content_type(), Some("text/csv"));
+    assert_eq!(head.cache_control(), Some("max-age=60"));
+    let got = c
+        .get_object()
+        .bucket("demo")
+        .key("dst")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes().as_ref(),
+        b"a,b\n"
+    );
+
+    // A stale copy onto dst is refused; the source's fence is untouched.
+    let e = c
+        .copy_object()
+        .bucket("demo")
+        .key("dst")
+        .copy_source("demo/src")
+        .metadata("fencing-token", "6")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        aws_sdk_s3::error::ProvideErrorMetadata::code(&e),
+        Some("StaleFencingToken")
+    );
+
+    // A credential limited to bucket "shared" cannot copy out of "demo".
+    let limited = common::sdk_as(&fg.endpoint(), LIMITED_KEY, LIMITED_SECRET);
+    let e = limited
+        .copy_object()
+        .bucket("shared")
+        .key("stolen")
+        .copy_source("demo/src")
+        .metadata("fencing-token", "1")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        aws_sdk_s3::error::ProvideErrorMetadata::code(&e),
+        Some("AccessDenied")
+    );
+}
