@@ -64,11 +64,12 @@ pub fn split_request(
     Ok((b, k))
 }
 
+/// A copy source: bucket, key, version.
+pub type CopySource = (String, String, Option<String>);
+
 /// The object named by `x-amz-copy-source` (`[/]bucket/key[?versionId=v]`,
-/// URL-encoded): bucket, key, version.
-pub fn copy_source(
-    headers: &HeaderMap,
-) -> Option<Result<(String, String, Option<String>), S3Error>> {
+/// URL-encoded).
+pub fn copy_source(headers: &HeaderMap) -> Option<Result<CopySource, S3Error>> {
     let raw = headers.get("x-amz-copy-source")?;
     let bad = || S3Error::InvalidArgument("x-amz-copy-source is malformed".into());
     let parse = || {
