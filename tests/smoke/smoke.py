@@ -52,9 +52,12 @@ def aws(endpoint, *args, stdin=None):
 
 
 def boto(endpoint, token=None):
+    # signature_version: boto3 presigns with SigV2 unless told otherwise, and
+    # fencegate accepts SigV4 only.
     s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
                       aws_secret_access_key=SECRET, region_name="us-east-1",
-                      config=botocore.config.Config(retries={"max_attempts": 1}))
+                      config=botocore.config.Config(retries={"max_attempts": 1},
+                                                    signature_version="s3v4"))
     if token is not None:
         def add_token(request, **_):
             request.headers["x-fencing-token"] = str(token)
@@ -122,6 +125,27 @@ def main():
         bad = boto3.client("s3", endpoint_url=ep, aws_access_key_id=KEY, aws_secret_access_key="wrong",
                            region_name="us-east-1", config=botocore.config.Config(retries={"max_attempts": 1}))
         check("boto3: wrong secret refused", code_of(lambda: bad.list_objects_v2(Bucket="demo")) == "SignatureDoesNotMatch")
+
+        # --- presigned URLs made by boto3, used by a plain HTTP client ---
+        import urllib.request
+        plain = boto(ep)
+        url = plain.generate_presigned_url("put_object", ExpiresIn=300, Params={
+            "Bucket": "demo", "Key": "presigned", "Metadata": {"fencing-token": "60"}})
+        req = urllib.request.Request(url, data=b"via presigned PUT", method="PUT",
+                                     headers={"x-amz-meta-fencing-token": "60"})
+        check("presigned PUT (boto3 URL, urllib)", urllib.request.urlopen(req).status == 200)
+        url = plain.generate_presigned_url("put_object", ExpiresIn=300, Params={
+            "Bucket": "demo", "Key": "presigned", "Metadata": {"fencing-token": "59"}})
+        req = urllib.request.Request(url, data=b"stale", method="PUT",
+                                     headers={"x-amz-meta-fencing-token": "59"})
+        try:
+            urllib.request.urlopen(req)
+            status = 200
+        except urllib.error.HTTPError as e:
+            status = e.code
+        check("presigned stale PUT refused with 409", status == 409, str(status))
+        url = plain.generate_presigned_url("get_object", ExpiresIn=300, Params={"Bucket": "demo", "Key": "presigned"})
+        check("presigned GET", urllib.request.urlopen(url).read() == b"via presigned PUT")
 
         # --- kill -9 and restart: the fence holds ---
         proc.send_signal(signal.SIGKILL)
