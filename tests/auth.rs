@@ -4,10 +4,12 @@
 
 mod common;
 
+on_both_stores!(sdk_uploads_with_checksums_work);
+
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use common::backend::{Event, TestBackend, saw_key};
-use common::fencegate::{Backend, Fencegate, LIMITED_KEY, LIMITED_SECRET};
+use common::fencegate::{Fencegate, LIMITED_KEY, LIMITED_SECRET};
 use common::raw::{Damage, Form, RawClient, RawRequest, Source};
 use std::time::{Duration, SystemTime};
 
@@ -217,11 +219,10 @@ async fn damaged_bodies_are_refused_and_nothing_lands() {
     }
 }
 
-#[tokio::test]
-async fn sdk_default_put_with_checksum_trailer_works_on_the_embedded_store() {
-    let fg = Fencegate::start(Backend::Embedded, "");
-    let c = common::sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+async fn sdk_uploads_with_checksums_work(store: common::Store) {
+    let run = store.start( "");
+    let c = common::sdk(&run.fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
     let out = c
         .put_object()
@@ -248,7 +249,7 @@ async fn sdk_default_put_with_checksum_trailer_works_on_the_embedded_store() {
     // as a header; for a streamed file with payload signing off (its HTTPS
     // default) it sends aws-chunked with a CRC32 trailer, which fencegate
     // re-encodes and s3s-fs verifies.
-    let file = fg.dir.path().join("upload.bin");
+    let file = run.fg.dir.path().join("upload.bin");
     std::fs::write(&file, &body).unwrap();
     c.put_object()
         .bucket("demo")
@@ -285,7 +286,7 @@ async fn sdk_default_put_with_checksum_trailer_works_on_the_embedded_store() {
         .send()
         .await
         .unwrap();
-    let logs = fg.logs();
+    let logs = run.fg.logs();
     let form_of = |key: &str| {
         logs.lines()
             .find(|l| l.contains("op=\"PutObject\"") && l.contains(&format!("key=\"{key}\"")))

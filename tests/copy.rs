@@ -3,14 +3,15 @@
 
 mod common;
 
-use aws_sdk_s3::primitives::ByteStream;
-use common::fencegate::{Backend, Fencegate, LIMITED_KEY, LIMITED_SECRET};
+on_both_stores!(copy_stamps_the_new_token_and_keeps_the_rest);
 
-#[tokio::test]
-async fn copy_stamps_the_new_token_and_keeps_the_rest() {
-    let fg = Fencegate::start(Backend::Embedded, "");
-    let c = common::sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+use aws_sdk_s3::primitives::ByteStream;
+use common::fencegate::{LIMITED_KEY, LIMITED_SECRET};
+
+async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
+    let run = store.start( "");
+    let c = common::sdk(&run.fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
     c.put_object()
         .bucket("demo")
         .key("src")
@@ -72,7 +73,7 @@ async fn copy_stamps_the_new_token_and_keeps_the_rest() {
     );
 
     // A credential limited to bucket "shared" cannot copy out of "demo".
-    let limited = common::sdk_as(&fg.endpoint(), LIMITED_KEY, LIMITED_SECRET);
+    let limited = common::sdk_as(&run.fg.endpoint(), LIMITED_KEY, LIMITED_SECRET);
     let e = limited
         .copy_object()
         .bucket("shared")

@@ -6,9 +6,9 @@ mod common;
 
 use aws_sdk_s3::primitives::ByteStream;
 use common::backend::{TestBackend, saw_key};
-use common::fencegate::{Backend, Fencegate};
+use common::fencegate::Fencegate;
 use common::raw::{RawClient, RawRequest};
-use common::sdk;
+use common::{Store, ensure_bucket, sdk};
 
 async fn put_sdk(
     c: &aws_sdk_s3::Client,
@@ -45,11 +45,12 @@ async fn get_sdk(c: &aws_sdk_s3::Client, key: &str) -> (String, Option<String>) 
     (String::from_utf8(body.to_vec()).unwrap(), token)
 }
 
-#[tokio::test]
-async fn stale_writes_are_refused_on_the_embedded_store() {
-    let fg = Fencegate::start(Backend::Embedded, "");
-    let c = sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+on_both_stores!(stale_writes_are_refused, a_read_with_a_higher_token_fences_off_older_writes, fences_survive_kill_9);
+
+async fn stale_writes_are_refused(store: Store) {
+    let run = store.start("");
+    let c = sdk(&run.fg.endpoint());
+    ensure_bucket(&c, "demo").await;
 
     put_sdk(&c, "k", "thirty-four", 34).await.unwrap();
     let refused = put_sdk(&c, "k", "thirty-three", 33).await.unwrap_err();
@@ -206,13 +207,12 @@ mode = "unfenced"
     assert_eq!(raw.send(put("scratch/x", None)).await.unwrap().status, 200);
 }
 
-#[tokio::test]
-async fn a_read_with_a_higher_token_fences_off_older_writes() {
-    let fg = Fencegate::start(Backend::Embedded, "");
-    let c = sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+async fn a_read_with_a_higher_token_fences_off_older_writes(store: Store) {
+    let run = store.start("");
+    let c = sdk(&run.fg.endpoint());
+    ensure_bucket(&c, "demo").await;
     put_sdk(&c, "rmw", "v1", 38).await.unwrap();
-    let raw = RawClient::new(&fg.endpoint());
+    let raw = RawClient::new(&run.fg.endpoint());
     let r = raw
         .send(RawRequest::new(http::Method::GET, "/demo/rmw").token(40))
         .await
@@ -231,14 +231,13 @@ async fn a_read_with_a_higher_token_fences_off_older_writes() {
     assert_eq!(get_sdk(&c, "rmw").await.0, "v3");
 }
 
-#[tokio::test]
-async fn fences_survive_kill_9() {
-    let mut fg = Fencegate::start(Backend::Embedded, "");
-    let c = sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+async fn fences_survive_kill_9(store: Store) {
+    let mut run = store.start("");
+    let c = sdk(&run.fg.endpoint());
+    ensure_bucket(&c, "demo").await;
     put_sdk(&c, "k", "a", 34).await.unwrap();
-    fg.kill9_and_restart();
-    let c = sdk(&fg.endpoint());
+    run.fg.kill9_and_restart();
+    let c = sdk(&run.fg.endpoint());
     assert_eq!(put_sdk(&c, "k", "b", 33).await.unwrap_err().0, 409);
     assert_eq!(get_sdk(&c, "k").await.0, "a");
     put_sdk(&c, "k", "c", 34).await.unwrap();

@@ -5,9 +5,10 @@
 
 mod common;
 
+on_both_stores!(parts_inherit_the_creating_token_and_a_stale_complete_is_refused, delete_objects_is_all_or_nothing);
+
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use common::fencegate::{Backend, Fencegate};
 
 const PART: usize = 5 * 1024 * 1024;
 
@@ -60,11 +61,10 @@ async fn complete(
         })
 }
 
-#[tokio::test]
-async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused() {
-    let fg = Fencegate::start(Backend::Embedded, "");
-    let c = common::sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused(store: common::Store) {
+    let run = store.start( "");
+    let c = common::sdk(&run.fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
 
     // A whole upload with the token given once, at Create.
     let (id, part) = start_upload(&c, "big", 10).await;
@@ -154,14 +154,12 @@ async fn delete_objects(
     })
 }
 
-#[tokio::test]
-async fn delete_objects_is_all_or_nothing() {
-    let fg = Fencegate::start(
-        Backend::Embedded,
+async fn delete_objects_is_all_or_nothing(store: common::Store) {
+    let run = store.start(
         "[[rules]]\nbucket = \"demo\"\nprefix = \"tmp/\"\nmode = \"unfenced\"\n",
     );
-    let c = common::sdk(&fg.endpoint());
-    c.create_bucket().bucket("demo").send().await.unwrap();
+    let c = common::sdk(&run.fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
     for (k, t) in [("a", 10), ("b", 30), ("tmp/x", 0)] {
         c.put_object()
             .bucket("demo")

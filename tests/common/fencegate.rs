@@ -21,6 +21,12 @@ pub enum Backend {
         access_key: String,
         secret_key: String,
     },
+    /// A real Garage (region "garage").
+    Garage {
+        endpoint: String,
+        access_key: String,
+        secret_key: String,
+    },
 }
 
 pub struct Fencegate {
@@ -50,6 +56,13 @@ impl Fencegate {
                 secret_key,
             } => format!(
                 "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\naccess_key_id = \"{access_key}\"\nsecret_access_key = \"{secret_key}\"\n"
+            ),
+            Backend::Garage {
+                endpoint,
+                access_key,
+                secret_key,
+            } => format!(
+                "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"garage\"\naccess_key_id = \"{access_key}\"\nsecret_access_key = \"{secret_key}\"\n"
             ),
         };
         let has_fence_table = extra.contains("[fence]");

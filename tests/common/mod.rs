@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod fencegate;
+pub mod garage;
 pub mod raw;
 
 use aws_sdk_s3::config::{Credentials, Region};
@@ -47,4 +48,67 @@ pub async fn http_call(
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The real stores the store-facing tests run against.
+#[derive(Clone, Copy, Debug)]
+pub enum Store {
+    /// s3s-fs inside fencegate.
+    Embedded,
+    /// A Garage process.
+    Garage,
+}
+
+/// fencegate, and the Garage behind it when there is one.
+pub struct Running {
+    pub fg: fencegate::Fencegate,
+    pub garage: Option<garage::Garage>,
+}
+
+impl Store {
+    pub fn start(self, extra: &str) -> Running {
+        match self {
+            Store::Embedded => Running {
+                fg: fencegate::Fencegate::start(fencegate::Backend::Embedded, extra),
+                garage: None,
+            },
+            Store::Garage => {
+                let g = garage::Garage::start();
+                Running {
+                    fg: fencegate::Fencegate::start(g.backend(), extra),
+                    garage: Some(g),
+                }
+            }
+        }
+    }
+}
+
+/// Creates `bucket` unless the store already has it.
+pub async fn ensure_bucket(c: &aws_sdk_s3::Client, bucket: &str) {
+    if let Err(e) = c.create_bucket().bucket(bucket).send().await {
+        let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&e).unwrap_or_default();
+        assert!(
+            code == "BucketAlreadyOwnedByYou" || code == "BucketAlreadyExists",
+            "create bucket {bucket}: {e:?}"
+        );
+    }
+}
+
+/// Runs an async test body `fn(Store)` once on each store.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test]
+                async fn embedded() {
+                    super::$name($crate::common::Store::Embedded).await
+                }
+                #[tokio::test]
+                async fn garage() {
+                    super::$name($crate::common::Store::Garage).await
+                }
+            }
+        )*
+    };
 }
