@@ -50,6 +50,9 @@ pub struct ServerConfig {
     /// Longest pause in a request body before the request fails with
     /// `400 RequestTimeout`.
     pub request_timeout_ms: u64,
+    /// TLS on the S3 listener: PEM certificate chain and private key.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
     /// Bearer token for admin writes (`POST /fences/...`); falls back to
     /// `FENCEGATE_ADMIN_TOKEN`. Without one, raising by hand is disabled.
     pub admin_token: Option<Secret>,
@@ -110,6 +113,9 @@ pub struct BackendConfig {
     pub secret_access_key: Option<Secret>,
     /// Give up on a backend response after this long.
     pub timeout_ms: u64,
+    /// Extra CA certificate (PEM) to trust for an `https://` backend, on top
+    /// of the system roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Deserialize)]
@@ -210,6 +216,8 @@ impl Default for ServerConfig {
             idle_timeout_ms: 60_000,
             request_timeout_ms: 60_000,
             admin_token: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -234,6 +242,7 @@ impl Default for BackendConfig {
             access_key_id: None,
             secret_access_key: None,
             timeout_ms: 300_000,
+            ca_file: None,
         }
     }
 }
@@ -312,6 +321,9 @@ impl Config {
         if !header_ok(&self.fence.stamp_metadata) {
             return Err(err("fence.stamp_metadata", "must be a non-empty name"));
         }
+        if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
+            return Err(err("server.tls_key", "tls_cert and tls_key go together"));
+        }
         if self.server.max_connections == 0 {
             return Err(err("server.max_connections", "must be greater than 0"));
         }
@@ -348,8 +360,11 @@ impl Config {
                 let uri: http::Uri = ep
                     .parse()
                     .map_err(|e| err("backend.endpoint", format!("not a URL: {e}")))?;
-                if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                    return Err(err("backend.endpoint", "must look like http://host:port"));
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(err(
+                        "backend.endpoint",
+                        "must look like http://host:port or https://host:port",
+                    ));
                 }
                 if self.backend.access_key_id.is_some() != self.backend.secret_access_key.is_some()
                 {

@@ -8,4 +8,5 @@ pub mod fence;
 pub mod proxy;
 pub mod s3;
 pub mod server;
+pub mod tls;
 pub mod upstream;

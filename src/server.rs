@@ -116,8 +116,18 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
             }
         })
         .unwrap_or_default();
-    let upstream =
-        Upstream::new(target, Duration::from_millis(cfg.backend.timeout_ms)).map_err(StartError)?;
+    let upstream = Upstream::new(
+        target,
+        Duration::from_millis(cfg.backend.timeout_ms),
+        cfg.backend.ca_file.as_deref(),
+    )
+    .map_err(StartError)?;
+    let tls = match (&cfg.server.tls_cert, &cfg.server.tls_key) {
+        (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(
+            crate::tls::server_config(cert, key).map_err(StartError)?,
+        )),
+        _ => None,
+    };
     let proxy = Arc::new(Proxy::new(&cfg, gate.clone(), Arc::new(upstream)));
     let admin = Arc::new(Admin {
         gate,
@@ -148,7 +158,8 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         .map_err(|e| StartError(e.to_string()))?;
     tracing::info!(%s3_addr, %admin_addr, backend = %backend_desc, kind = ?cfg.backend.kind, "fencegate started");
     // One machine-readable line on stdout, for scripts and tests.
-    println!("fencegate listening s3={s3_addr} admin={admin_addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("fencegate listening s3={s3_addr} admin={admin_addr} scheme={scheme}");
     let _ = std::io::stdout().flush();
 
     let mut http = http1::Builder::new();
@@ -157,6 +168,7 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
     http.max_buf_size((cfg.server.max_header_bytes * 2).max(400 * 1024))
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(cfg.server.idle_timeout_ms));
+    let idle_timeout = Duration::from_millis(cfg.server.idle_timeout_ms);
     let mut refusing = http1::Builder::new();
     refusing.keep_alive(false);
     let connections = Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections));
@@ -186,13 +198,32 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
                     let proxy = proxy.clone();
                     async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
                 });
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), svc));
                 metrics::gauge!(m::CONNECTIONS).increment(1.0);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                    metrics::gauge!(m::CONNECTIONS).decrement(1.0);
-                    drop(slot);
-                });
+                match &tls {
+                    None => {
+                        let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), svc));
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                            metrics::gauge!(m::CONNECTIONS).decrement(1.0);
+                            drop(slot);
+                        });
+                    }
+                    Some(acceptor) => {
+                        // The handshake runs in the connection's task, bounded
+                        // by the idle timeout like a header section.
+                        let accept = acceptor.accept(sock);
+                        let http = http.clone();
+                        let watcher = graceful.watcher();
+                        tokio::spawn(async move {
+                            if let Ok(Ok(stream)) = tokio::time::timeout(idle_timeout, accept).await {
+                                let conn = http.serve_connection(TokioIo::new(stream), svc);
+                                let _ = watcher.watch(conn).await;
+                            }
+                            metrics::gauge!(m::CONNECTIONS).decrement(1.0);
+                            drop(slot);
+                        });
+                    }
+                }
             }
             accepted = admin_listener.accept() => {
                 let Ok((sock, _)) = accepted else { continue };

@@ -220,7 +220,7 @@ async fn damaged_bodies_are_refused_and_nothing_lands() {
 }
 
 async fn sdk_uploads_with_checksums_work(store: common::Store) {
-    let run = store.start( "");
+    let run = store.start("");
     let c = common::sdk(&run.fg.endpoint());
     common::ensure_bucket(&c, "demo").await;
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();

@@ -9,7 +9,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use common::fencegate::{LIMITED_KEY, LIMITED_SECRET};
 
 async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
-    let run = store.start( "");
+    let run = store.start("");
     let c = common::sdk(&run.fg.endpoint());
     common::ensure_bucket(&c, "demo").await;
     c.put_object()

@@ -45,7 +45,11 @@ async fn get_sdk(c: &aws_sdk_s3::Client, key: &str) -> (String, Option<String>) 
     (String::from_utf8(body.to_vec()).unwrap(), token)
 }
 
-on_both_stores!(stale_writes_are_refused, a_read_with_a_higher_token_fences_off_older_writes, fences_survive_kill_9);
+on_both_stores!(
+    stale_writes_are_refused,
+    a_read_with_a_higher_token_fences_off_older_writes,
+    fences_survive_kill_9
+);
 
 async fn stale_writes_are_refused(store: Store) {
     let run = store.start("");

@@ -5,7 +5,10 @@
 
 mod common;
 
-on_both_stores!(parts_inherit_the_creating_token_and_a_stale_complete_is_refused, delete_objects_is_all_or_nothing);
+on_both_stores!(
+    parts_inherit_the_creating_token_and_a_stale_complete_is_refused,
+    delete_objects_is_all_or_nothing
+);
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
@@ -62,7 +65,7 @@ async fn complete(
 }
 
 async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused(store: common::Store) {
-    let run = store.start( "");
+    let run = store.start("");
     let c = common::sdk(&run.fg.endpoint());
     common::ensure_bucket(&c, "demo").await;
 
@@ -155,9 +158,7 @@ async fn delete_objects(
 }
 
 async fn delete_objects_is_all_or_nothing(store: common::Store) {
-    let run = store.start(
-        "[[rules]]\nbucket = \"demo\"\nprefix = \"tmp/\"\nmode = \"unfenced\"\n",
-    );
+    let run = store.start("[[rules]]\nbucket = \"demo\"\nprefix = \"tmp/\"\nmode = \"unfenced\"\n");
     let c = common::sdk(&run.fg.endpoint());
     common::ensure_bucket(&c, "demo").await;
     for (k, t) in [("a", 10), ("b", 30), ("tmp/x", 0)] {

@@ -58,8 +58,10 @@ pub struct BackendTarget {
     pub secret_access_key: String,
 }
 
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
 pub struct Upstream {
-    client: Client<HttpConnector, UpstreamBody>,
+    client: Client<Connector, UpstreamBody>,
     target: BackendTarget,
     host: HeaderValue,
     timeout: Duration,
@@ -112,7 +114,12 @@ pub fn forwarded_headers(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
 }
 
 impl Upstream {
-    pub fn new(target: BackendTarget, timeout: Duration) -> Result<Upstream, String> {
+    /// `ca_file`: an extra CA to trust for an `https://` backend.
+    pub fn new(
+        target: BackendTarget,
+        timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Upstream, String> {
         let authority = target
             .endpoint
             .authority()
@@ -121,6 +128,17 @@ impl Upstream {
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let tls = if target.endpoint.scheme_str() == Some("https") {
+            crate::tls::client_config(ca_file)?
+        } else {
+            crate::tls::client_config_without_roots()?
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);

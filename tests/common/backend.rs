@@ -68,7 +68,18 @@ impl TestBackend {
         Self::start_with(true).await
     }
 
+    /// A backend that keeps objects in memory, over TLS with `cert`/`key`.
+    pub async fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> TestBackend {
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(fencegate::tls::server_config(cert, key).unwrap());
+        Self::start_inner(false, Some(acceptor)).await
+    }
+
     async fn start_with(discard: bool) -> TestBackend {
+        Self::start_inner(discard, None).await
+    }
+
+    async fn start_inner(discard: bool, tls: Option<tokio_rustls::TlsAcceptor>) -> TestBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
@@ -82,14 +93,26 @@ impl TestBackend {
                     continue;
                 };
                 let st = st.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let st = st.clone();
                         async move { Ok::<_, std::convert::Infallible>(handle(st, req).await) }
                     });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(sock), svc)
-                        .await;
+                    match tls {
+                        None => {
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(sock), svc)
+                                .await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(sock).await {
+                                let _ = http1::Builder::new()
+                                    .serve_connection(TokioIo::new(stream), svc)
+                                    .await;
+                            }
+                        }
+                    }
                 });
             }
         });

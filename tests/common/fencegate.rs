@@ -21,6 +21,11 @@ pub enum Backend {
         access_key: String,
         secret_key: String,
     },
+    /// An `https://` endpoint trusted through `ca_file`.
+    S3Tls {
+        endpoint: String,
+        ca_file: String,
+    },
     /// A real Garage (region "garage").
     Garage {
         endpoint: String,
@@ -56,6 +61,9 @@ impl Fencegate {
                 secret_key,
             } => format!(
                 "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\naccess_key_id = \"{access_key}\"\nsecret_access_key = \"{secret_key}\"\n"
+            ),
+            Backend::S3Tls { endpoint, ca_file } => format!(
+                "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\naccess_key_id = \"k\"\nsecret_access_key = \"backend-secret-never-logged\"\nca_file = \"{ca_file}\"\n"
             ),
             Backend::Garage {
                 endpoint,

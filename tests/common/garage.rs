@@ -40,7 +40,9 @@ impl Garage {
     pub fn start() -> Garage {
         let dir = tempfile::tempdir().unwrap();
         let (rpc, s3) = (free_port(), free_port());
-        let secret: String = (0..32).map(|i| format!("{:02x}", (i * 37 + 11) % 256)).collect();
+        let secret: String = (0..32)
+            .map(|i| format!("{:02x}", (i * 37 + 11) % 256))
+            .collect();
         let config = dir.path().join("garage.toml");
         std::fs::write(
             &config,
@@ -81,7 +83,11 @@ impl Garage {
             {
                 break id.split('@').next().unwrap().to_string();
             }
-            assert!(Instant::now() < deadline, "garage did not start: {}", g.log());
+            assert!(
+                Instant::now() < deadline,
+                "garage did not start: {}",
+                g.log()
+            );
             std::thread::sleep(Duration::from_millis(200));
         };
         g.cli_ok(&["layout", "assign", "-z", "dc1", "-c", "1G", &node_id]);
@@ -95,10 +101,22 @@ impl Garage {
                 g.secret = v.trim().to_string();
             }
         }
-        assert!(!g.key_id.is_empty() && !g.secret.is_empty(), "key create said: {key}");
+        assert!(
+            !g.key_id.is_empty() && !g.secret.is_empty(),
+            "key create said: {key}"
+        );
         g.cli_ok(&["key", "allow", "--create-bucket", "fencegate-backend"]);
         g.cli_ok(&["bucket", "create", "demo"]);
-        g.cli_ok(&["bucket", "allow", "--read", "--write", "--owner", "demo", "--key", "fencegate-backend"]);
+        g.cli_ok(&[
+            "bucket",
+            "allow",
+            "--read",
+            "--write",
+            "--owner",
+            "demo",
+            "--key",
+            "fencegate-backend",
+        ]);
         g
     }
 

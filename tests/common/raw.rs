@@ -200,7 +200,7 @@ impl RawResponse {
 
 pub struct RawClient {
     base: String,
-    http: Client<HttpConnector, WireBody>,
+    http: Client<hyper_rustls::HttpsConnector<HttpConnector>, WireBody>,
 }
 
 fn chunk_sig_len() -> u64 {
@@ -224,9 +224,25 @@ fn signed_chunked_len(len: u64, trailer: Option<&str>) -> u64 {
 
 impl RawClient {
     pub fn new(endpoint: &str) -> RawClient {
+        Self::with_ca(endpoint, None)
+    }
+
+    /// A client that trusts `ca_pem` (a PEM file) for `https://` endpoints.
+    pub fn with_ca(endpoint: &str, ca_pem: Option<&std::path::Path>) -> RawClient {
+        let tls = match ca_pem {
+            Some(p) => fencegate::tls::client_config_with(p).unwrap(),
+            None => fencegate::tls::client_config_without_roots().unwrap(),
+        };
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         RawClient {
             base: endpoint.trim_end_matches('/').to_string(),
-            http: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            http: Client::builder(TokioExecutor::new()).build(connector),
         }
     }
 
