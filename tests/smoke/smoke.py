@@ -104,7 +104,21 @@ def code_of(fn):
         return e.response["Error"]["Code"]
 
 
+def versions():
+    def first_line(cmd):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            return (r.stdout or r.stderr).strip().splitlines()[0]
+        except Exception as e:  # noqa: BLE001 - informational only
+            return f"unavailable ({e})"
+    print("clients: aws CLI: " + first_line(["aws", "--version"]))
+    print("clients: boto3 " + boto3.__version__ + ", botocore " + botocore.__version__)
+    print("clients: " + first_line(["rclone", "version"]))
+    print("clients: " + first_line(["s3cmd", "--version"]))
+
+
 def main():
+    versions()
     proc, ep = start()
     try:
         a = os.path.join(WORK, "a.txt")
