@@ -15,7 +15,13 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 
 const PART: usize = 5 * 1024 * 1024;
 
-async fn start_upload(c: &aws_sdk_s3::Client, key: &str, token: u64) -> (String, CompletedPart) {
+/// Creates an upload with `token` and uploads `parts` parts of 5 MiB.
+async fn start_upload(
+    c: &aws_sdk_s3::Client,
+    key: &str,
+    token: u64,
+    parts: i32,
+) -> (String, Vec<CompletedPart>) {
     let up = c
         .create_multipart_upload()
         .bucket("demo")
@@ -25,21 +31,26 @@ async fn start_upload(c: &aws_sdk_s3::Client, key: &str, token: u64) -> (String,
         .await
         .unwrap();
     let id = up.upload_id().unwrap().to_string();
-    let part = c
-        .upload_part()
-        .bucket("demo")
-        .key(key)
-        .upload_id(&id)
-        .part_number(1)
-        .body(ByteStream::from(vec![b'p'; PART]))
-        .send()
-        .await
-        .unwrap();
-    let done = CompletedPart::builder()
-        .part_number(1)
-        .set_e_tag(part.e_tag().map(str::to_string))
-        .set_checksum_crc32(part.checksum_crc32().map(str::to_string))
-        .build();
+    let mut done = Vec::new();
+    for n in 1..=parts {
+        let part = c
+            .upload_part()
+            .bucket("demo")
+            .key(key)
+            .upload_id(&id)
+            .part_number(n)
+            .body(ByteStream::from(vec![b'0' + n as u8; PART]))
+            .send()
+            .await
+            .unwrap();
+        done.push(
+            CompletedPart::builder()
+                .part_number(n)
+                .set_e_tag(part.e_tag().map(str::to_string))
+                .set_checksum_crc32(part.checksum_crc32().map(str::to_string))
+                .build(),
+        );
+    }
     (id, done)
 }
 
@@ -47,13 +58,17 @@ async fn complete(
     c: &aws_sdk_s3::Client,
     key: &str,
     id: &str,
-    part: CompletedPart,
+    parts: Vec<CompletedPart>,
 ) -> Result<(), String> {
     c.complete_multipart_upload()
         .bucket("demo")
         .key(key)
         .upload_id(id)
-        .multipart_upload(CompletedMultipartUpload::builder().parts(part).build())
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .set_parts(Some(parts))
+                .build(),
+        )
         .send()
         .await
         .map(|_| ())
@@ -70,7 +85,8 @@ async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused(store:
     common::ensure_bucket(&c, "demo").await;
 
     // A whole upload with the token given once, at Create.
-    let (id, part) = start_upload(&c, "big", 10).await;
+    // 40 MiB in 8 parts.
+    let (id, part) = start_upload(&c, "big", 10, 8).await;
     complete(&c, "big", &id, part).await.unwrap();
     let head = c
         .head_object()
@@ -79,11 +95,11 @@ async fn parts_inherit_the_creating_token_and_a_stale_complete_is_refused(store:
         .send()
         .await
         .unwrap();
-    assert_eq!(head.content_length(), Some(PART as i64));
+    assert_eq!(head.content_length(), Some(8 * PART as i64));
     assert_eq!(head.metadata().unwrap()["fencing-token"], "10");
 
     // Holder 11 uploads its parts, then loses the lock: 12 writes.
-    let (id, part) = start_upload(&c, "big", 11).await;
+    let (id, part) = start_upload(&c, "big", 11, 1).await;
     c.put_object()
         .bucket("demo")
         .key("big")
