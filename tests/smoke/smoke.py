@@ -29,11 +29,11 @@ def check(name, ok, detail=""):
     print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""))
 
 
-def start():
-    cfg = os.path.join(WORK, "fencegate.toml")
+def start(backend="", name="fencegate"):
+    cfg = os.path.join(WORK, f"{name}.toml")
     with open(cfg, "w") as f:
-        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "127.0.0.1:0"\ndata_dir = "{WORK}/data"\n'
-                '[[rules]]\nbucket = "demo"\nprefix = "scratch/"\nmode = "unfenced"\n')
+        f.write(f'[server]\nlisten = "127.0.0.1:0"\nadmin_listen = "127.0.0.1:0"\ndata_dir = "{WORK}/{name}-data"\n'
+                '[[rules]]\nbucket = "demo"\nprefix = "scratch/"\nmode = "unfenced"\n' + backend)
     log = open(os.path.join(WORK, "fencegate.log"), "a")
     p = subprocess.Popen([BIN, "--config", cfg], stdout=subprocess.PIPE, stderr=log, text=True)
     line = p.stdout.readline()
@@ -117,8 +117,56 @@ def versions():
     print("clients: " + first_line(["s3cmd", "--version"]))
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def conditional_writes_on_moto():
+    """Garage ignores If-Match / If-None-Match; moto's server honours them, so
+    it shows that fencegate passes them through untouched."""
+    import time
+    import urllib.request
+    port = free_port()
+    moto = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fg = None
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/")
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.1)
+        fg, ep = start(f'[backend]\nkind = "s3"\nendpoint = "http://127.0.0.1:{port}"\n'
+                       'access_key_id = "moto"\nsecret_access_key = "moto"\n', name="moto")
+        s3 = boto(ep, token=5)
+        s3.create_bucket(Bucket="demo")
+        first = s3.put_object(Bucket="demo", Key="once", Body=b"first", IfNoneMatch="*")
+        check("moto: If-None-Match put creates", first["ResponseMetadata"]["HTTPStatusCode"] == 200)
+        check("moto: second If-None-Match put refused by the backend (412)",
+              code_of(lambda: s3.put_object(Bucket="demo", Key="once", Body=b"again", IfNoneMatch="*"))
+              == "PreconditionFailed")
+        check("moto: If-Match with a wrong ETag refused by the backend",
+              code_of(lambda: s3.put_object(Bucket="demo", Key="once", Body=b"x", IfMatch='"0000"'))
+              == "PreconditionFailed")
+        check("moto: If-Match with the right ETag accepted",
+              code_of(lambda: s3.put_object(Bucket="demo", Key="once", Body=b"y", IfMatch=first["ETag"])) is None)
+        got = s3.get_object(Bucket="demo", Key="once")["Body"].read()
+        check("moto: the object is the accepted one", got == b"y", repr(got))
+    finally:
+        if fg:
+            fg.send_signal(signal.SIGTERM)
+            fg.wait(timeout=30)
+        moto.kill()
+        moto.wait()
+
+
 def main():
     versions()
+    conditional_writes_on_moto()
     proc, ep = start()
     try:
         a = os.path.join(WORK, "a.txt")
