@@ -320,3 +320,35 @@ async fn sdk_uploads_with_checksums_work(store: common::Store) {
         Some("StaleFencingToken")
     );
 }
+
+#[tokio::test]
+async fn a_limited_credential_lists_only_its_buckets() {
+    let fg = Fencegate::start(common::fencegate::Backend::Embedded, "");
+    let admin = common::sdk(&fg.endpoint());
+    for b in ["demo", "shared"] {
+        admin.create_bucket().bucket(b).send().await.unwrap();
+    }
+    let limited = common::sdk_as(&fg.endpoint(), LIMITED_KEY, LIMITED_SECRET);
+    let names: Vec<String> = limited
+        .list_buckets()
+        .send()
+        .await
+        .unwrap()
+        .buckets()
+        .iter()
+        .filter_map(|b| b.name().map(str::to_string))
+        .collect();
+    assert_eq!(names, vec!["shared".to_string()]);
+    let all = admin.list_buckets().send().await.unwrap();
+    assert_eq!(all.buckets().len(), 2);
+    let e = limited
+        .list_objects_v2()
+        .bucket("demo")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        aws_sdk_s3::error::ProvideErrorMetadata::code(&e),
+        Some("AccessDenied")
+    );
+}

@@ -92,6 +92,33 @@ fn is_presign_param(k: &str) -> bool {
     )
 }
 
+/// A ListAllMyBucketsResult with only the `<Bucket>` entries whose name
+/// passes `allowed`.
+fn keep_buckets(xml: &[u8], allowed: impl Fn(&str) -> bool) -> String {
+    let text = String::from_utf8_lossy(xml);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_ref();
+    while let Some(start) = rest.find("<Bucket>") {
+        out.push_str(&rest[..start]);
+        let Some(len) = rest[start..].find("</Bucket>") else {
+            break;
+        };
+        let end = start + len + "</Bucket>".len();
+        let entry = &rest[start..end];
+        let name = entry
+            .split_once("<Name>")
+            .and_then(|(_, r)| r.split_once("</Name>"))
+            .map(|(n, _)| n)
+            .unwrap_or_default();
+        if allowed(name) {
+            out.push_str(entry);
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn full(b: Bytes) -> ProxyBody {
     Full::new(b).map_err(|never| match never {}).boxed()
 }
@@ -298,6 +325,20 @@ impl Proxy {
         // 7. respond
         let (mut parts, body) = resp.into_parts();
         clean_response_headers(&mut parts.headers);
+        if op.name == "ListBuckets"
+            && parts.status.is_success()
+            && !verified.credential.allows_bucket("*")
+        {
+            // Show a limited credential only the buckets it may use.
+            let bytes = http_body_util::Limited::new(body, 8 << 20)
+                .collect()
+                .await
+                .map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?
+                .to_bytes();
+            let kept = keep_buckets(&bytes, |b| verified.credential.allows_bucket(b));
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            return Ok(Response::from_parts(parts, full(Bytes::from(kept))));
+        }
         if let (Some(b), Some(k)) = (&op.bucket, &op.key)
             && parts.status.is_success()
         {
@@ -405,5 +446,17 @@ impl Proxy {
             Err(Refusal::Busy) => Err(S3Error::SlowDown(resource)),
             Err(Refusal::Store(e)) => Err(S3Error::Internal(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keep_buckets_filters_entries() {
+        let xml = b"<ListAllMyBucketsResult><Owner><ID>o</ID></Owner><Buckets><Bucket><Name>a</Name><CreationDate>d</CreationDate></Bucket><Bucket><Name>b</Name><CreationDate>d</CreationDate></Bucket></Buckets></ListAllMyBucketsResult>";
+        let kept = super::keep_buckets(xml, |b| b == "b");
+        assert!(!kept.contains("<Name>a</Name>"));
+        assert!(kept.contains("<Name>b</Name>"));
+        assert!(kept.ends_with("</Buckets></ListAllMyBucketsResult>"));
     }
 }
