@@ -20,13 +20,11 @@ fn started(token: u64) -> impl Fn(&Event) -> bool {
     move |e| matches!(e, Event::Start { token: Some(t), method, .. } if *t == token && method == "PUT")
 }
 
-#[tokio::test]
-async fn newer_write_waits_for_older_write_with_complete_body() {
-    let be = TestBackend::start().await;
-    be.stall_after_body(33);
-    let fg = Fencegate::start(be.as_fencegate_backend(), "");
-    let raw = Arc::new(RawClient::new(&fg.endpoint()));
+type Pending = tokio::task::JoinHandle<Result<common::raw::RawResponse, String>>;
 
+/// Sends a token-33 PUT of "old" to /demo/k and waits until its whole body
+/// is at the backend (which stalls it there).
+async fn start_stalled_33(be: &TestBackend, raw: &Arc<RawClient>) -> Pending {
     let r33 = {
         let raw = raw.clone();
         tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "old").token(33)).await })
@@ -43,6 +41,17 @@ async fn newer_write_waits_for_older_write_with_complete_body() {
         })
     })
     .await;
+    r33
+}
+
+#[tokio::test]
+async fn newer_write_waits_for_older_write_with_complete_body() {
+    let be = TestBackend::start().await;
+    be.stall_after_body(33);
+    let fg = Fencegate::start(be.as_fencegate_backend(), "");
+    let raw = Arc::new(RawClient::new(&fg.endpoint()));
+
+    let r33 = start_stalled_33(&be, &raw).await;
 
     let r34 = {
         let raw = raw.clone();
@@ -146,22 +155,7 @@ async fn past_the_wait_bound_the_newer_write_gets_slowdown() {
         "[fence]\nadmission_wait_ms = 300\n",
     );
     let raw = Arc::new(RawClient::new(&fg.endpoint()));
-    let r33 = {
-        let raw = raw.clone();
-        tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "old").token(33)).await })
-    };
-    be.wait_for("33's body at the backend", |ev| {
-        ev.iter().any(|e| {
-            matches!(
-                e,
-                Event::BodyComplete {
-                    token: Some(33),
-                    ..
-                }
-            )
-        })
-    })
-    .await;
+    let r33 = start_stalled_33(&be, &raw).await;
     let r = raw
         .send(RawRequest::put("/demo/k", "new").token(34))
         .await

@@ -16,13 +16,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 type HmacSha256 = Hmac<Sha256>;
 
 /// Characters SigV4 leaves unencoded: `A-Za-z0-9-._~`.
-const STRICT: &AsciiSet = &NON_ALPHANUMERIC
+pub const STRICT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')
     .remove(b'~');
 /// The same, keeping `/` (object key paths).
-const PATH: &AsciiSet = &STRICT.remove(b'/');
+pub const PATH: &AsciiSet = &STRICT.remove(b'/');
 
 pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 

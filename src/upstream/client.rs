@@ -2,6 +2,7 @@
 //! re-signing with the backend's credentials (aws-sigv4), and a streaming
 //! body both ways.
 
+use crate::s3::auth::{PATH, STRICT};
 use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
 use aws_credential_types::Credentials;
@@ -16,15 +17,8 @@ use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::utf8_percent_encode;
 use std::time::{Duration, SystemTime};
-
-const STRICT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-const PATH: &AsciiSet = &STRICT.remove(b'/');
 
 pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
 
