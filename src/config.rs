@@ -99,6 +99,13 @@ pub enum BackendKind {
     S3,
 }
 
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Addressing {
+    Path,
+    VirtualHost,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendConfig {
@@ -113,6 +120,9 @@ pub struct BackendConfig {
     pub secret_access_key: Option<Secret>,
     /// Give up on a backend response after this long.
     pub timeout_ms: u64,
+    /// How the backend is addressed: `path` (`/bucket/key`) or
+    /// `virtual-host` (`Host: bucket.<endpoint host>`).
+    pub addressing: Addressing,
     /// Extra CA certificate (PEM) to trust for an `https://` backend, on top
     /// of the system roots.
     pub ca_file: Option<PathBuf>,
@@ -243,6 +253,7 @@ impl Default for BackendConfig {
             secret_access_key: None,
             timeout_ms: 300_000,
             ca_file: None,
+            addressing: Addressing::Path,
         }
     }
 }

@@ -68,6 +68,7 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
                 region,
                 access_key_id,
                 secret_access_key,
+                virtual_host: cfg.backend.addressing == crate::config::Addressing::VirtualHost,
             })
         }
     }

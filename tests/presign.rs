@@ -111,3 +111,34 @@ async fn virtual_host_and_path_style_reach_the_same_object() {
     let r = raw.send(get).await.unwrap();
     assert_eq!((r.status, r.body.as_str()), (200, "via vhost"));
 }
+
+#[tokio::test]
+async fn the_backend_can_be_addressed_virtual_host_style() {
+    let be = TestBackend::start().await;
+    let fg = Fencegate::start(
+        common::fencegate::Backend::S3Vhost {
+            endpoint: be.endpoint(),
+        },
+        "",
+    );
+    let raw = RawClient::new(&fg.endpoint());
+    let r = raw
+        .send(RawRequest::put("/demo/a/b", "vhost style").token(1))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(be.object("demo", "a/b").unwrap(), "vhost style");
+    let paths: Vec<String> = be
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            common::backend::Event::Start { raw_path, .. } => Some(raw_path),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        paths,
+        vec!["/a/b".to_string()],
+        "the bucket went in the Host header"
+    );
+}

@@ -50,6 +50,9 @@ pub struct BackendTarget {
     pub region: String,
     pub access_key_id: String,
     pub secret_access_key: String,
+    /// Name the bucket in the Host header (`bucket.<endpoint host>`) instead
+    /// of the path. fencegate still connects to the endpoint's address.
+    pub virtual_host: bool,
 }
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
@@ -151,9 +154,13 @@ impl Upstream {
     fn uri(&self, out: &Outgoing) -> Result<Uri, S3Error> {
         let mut path = String::from("/");
         if let Some(b) = &out.bucket {
-            path.push_str(&utf8_percent_encode(b, STRICT).to_string());
+            if !self.target.virtual_host {
+                path.push_str(&utf8_percent_encode(b, STRICT).to_string());
+                if out.key.is_some() {
+                    path.push('/');
+                }
+            }
             if let Some(k) = &out.key {
-                path.push('/');
                 path.push_str(&utf8_percent_encode(k, PATH).to_string());
             }
         }
@@ -183,7 +190,16 @@ impl Upstream {
     pub async fn send(&self, out: Outgoing) -> Result<Response<Incoming>, S3Error> {
         let uri = self.uri(&out)?;
         let mut headers = out.headers;
-        headers.insert(http::header::HOST, self.host.clone());
+        let host = match (&out.bucket, self.target.virtual_host) {
+            (Some(b), true) => {
+                HeaderValue::from_str(&format!("{b}.{}", self.host.to_str().unwrap_or_default()))
+                    .map_err(|_| {
+                        S3Error::InvalidBucketName(format!("{b:?} cannot be a host name"))
+                    })?
+            }
+            _ => self.host.clone(),
+        };
+        headers.insert(http::header::HOST, host);
         if let Some(len) = out.content_length {
             headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
         }

@@ -61,5 +61,6 @@ pub async fn start(root: &Path, region: &str) -> Result<BackendTarget, String> {
         region: region.to_string(),
         access_key_id,
         secret_access_key,
+        virtual_host: false,
     })
 }

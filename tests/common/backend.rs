@@ -24,6 +24,8 @@ pub enum Event {
         method: String,
         key: String,
         token: Option<u64>,
+        /// The request path as sent (virtual-host style omits the bucket).
+        raw_path: String,
     },
     /// A PUT body arrived complete.
     BodyComplete { key: String, token: Option<u64> },
@@ -180,7 +182,15 @@ fn record(st: &State, e: Event) {
 
 async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let method = req.method().to_string();
-    let path = req.uri().path().trim_start_matches('/').to_string();
+    let raw_path = req.uri().path().to_string();
+    let mut path = raw_path.trim_start_matches('/').to_string();
+    // Virtual-host style: `Host: bucket.127.0.0.1:port`.
+    if let Some(host) = req.headers().get("host").and_then(|h| h.to_str().ok())
+        && let Some((bucket, rest)) = host.split_once('.')
+        && rest.starts_with("127.0.0.1")
+    {
+        path = format!("{bucket}/{path}");
+    }
     let key = percent_encoding::percent_decode_str(&path)
         .decode_utf8_lossy()
         .into_owned();
@@ -191,6 +201,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>>
             method: method.clone(),
             key: key.clone(),
             token,
+            raw_path,
         },
     );
     match method.as_str() {

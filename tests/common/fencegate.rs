@@ -26,6 +26,10 @@ pub enum Backend {
         endpoint: String,
         ca_file: String,
     },
+    /// A plain endpoint addressed virtual-host style.
+    S3Vhost {
+        endpoint: String,
+    },
     /// A real Garage (region "garage").
     Garage {
         endpoint: String,
@@ -64,6 +68,9 @@ impl Fencegate {
             ),
             Backend::S3Tls { endpoint, ca_file } => format!(
                 "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\naccess_key_id = \"k\"\nsecret_access_key = \"backend-secret-never-logged\"\nca_file = \"{ca_file}\"\n"
+            ),
+            Backend::S3Vhost { endpoint } => format!(
+                "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\naccess_key_id = \"k\"\nsecret_access_key = \"backend-secret-never-logged\"\naddressing = \"virtual-host\"\n"
             ),
             Backend::Garage {
                 endpoint,
