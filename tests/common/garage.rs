@@ -74,10 +74,17 @@ impl Garage {
             config,
             _dir: dir,
         };
-        // Wait for the node to answer, then lay it out.
+        // Wait for the node to answer over RPC (`node id` alone reads the
+        // key file and can succeed before the server listens), then lay it
+        // out.
         let deadline = Instant::now() + Duration::from_secs(30);
         let node_id = loop {
-            let out = g.cli(&["node", "id", "-q"]);
+            let up = g.cli(&["status"]).is_ok();
+            let out = if up {
+                g.cli(&["node", "id", "-q"])
+            } else {
+                Err(String::new())
+            };
             if let Some(id) = out.ok().and_then(|o| o.lines().next().map(str::to_string))
                 && !id.is_empty()
             {
