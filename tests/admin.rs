@@ -344,10 +344,13 @@ async fn limits_are_answered_with_s3_errors_and_others_keep_being_served() {
     assert!(be.object("demo", "slow").is_none());
 
     // Connections beyond the limit get 503 SlowDown; the others are served.
+    // Close this test's own connections first, then hold exactly the limit.
+    drop(raw);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let idle1 = tokio::net::TcpStream::connect(fg.s3).await.unwrap();
     let idle2 = tokio::net::TcpStream::connect(fg.s3).await.unwrap();
     let idle3 = tokio::net::TcpStream::connect(fg.s3).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let fresh = RawClient::new(&fg.endpoint());
     let r = fresh
         .send(RawRequest::put("/demo/over", "x").token(1))
