@@ -246,3 +246,65 @@ async fn fences_survive_kill_9(store: Store) {
     assert_eq!(get_sdk(&c, "k").await.0, "a");
     put_sdk(&c, "k", "c", 34).await.unwrap();
 }
+
+on_both_stores!(refused_requests_land_nothing);
+
+/// Every refusal of the core contract, against a real store: afterwards the
+/// bucket holds only what was accepted.
+async fn refused_requests_land_nothing(store: Store) {
+    use common::raw::{Damage, Form, Source};
+    let run = store.start("");
+    let c = sdk(&run.fg.endpoint());
+    ensure_bucket(&c, "demo").await;
+    let raw = RawClient::new(&run.fg.endpoint());
+    assert_eq!(
+        raw.send(RawRequest::put("/demo/k", "ok").token(34))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    let mut refused = vec![
+        ("stale", RawRequest::put("/demo/k", "stale").token(33)),
+        ("missing", RawRequest::put("/demo/missing", "x")),
+        (
+            "malformed",
+            RawRequest::put("/demo/malformed", "x").header("x-fencing-token", "1e3"),
+        ),
+        (
+            "disagree",
+            RawRequest::put("/demo/disagree", "x")
+                .token(1)
+                .header("x-amz-meta-fencing-token", "2"),
+        ),
+    ];
+    let mut bad_sig = RawRequest::put("/demo/badsig", "x").token(1);
+    bad_sig.secret = "wrong".into();
+    refused.push(("bad signature", bad_sig));
+    let mut flipped = RawRequest::new(http::Method::PUT, "/demo/flipped").token(1);
+    flipped.form = Form::Chunked { trailer: false };
+    flipped.body = Some(Source::bytes(vec![b'q'; 100_000]));
+    flipped.damage = Damage {
+        flip_at: Some(99_000),
+        cut_at: None,
+    };
+    refused.push(("flipped chunk", flipped));
+    for (what, req) in refused {
+        let r = raw.send(req).await.unwrap();
+        assert!(
+            (400..500).contains(&r.status),
+            "{what}: {} {}",
+            r.status,
+            r.body
+        );
+    }
+    let listed = c.list_objects_v2().bucket("demo").send().await.unwrap();
+    let keys: Vec<&str> = listed.contents().iter().filter_map(|o| o.key()).collect();
+    assert_eq!(keys, vec!["k"], "{store:?}");
+    let got = c.get_object().bucket("demo").key("k").send().await.unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes().as_ref(),
+        b"ok"
+    );
+}
