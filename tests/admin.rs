@@ -366,3 +366,30 @@ async fn limits_are_answered_with_s3_errors_and_others_keep_being_served() {
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_idle_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let be = TestBackend::start().await;
+    let fg = Fencegate::start_with(be.as_fencegate_backend(), "idle_timeout_ms = 300\n", "");
+    // Sends half a header section, then nothing.
+    let mut sock = tokio::net::TcpStream::connect(fg.s3).await.unwrap();
+    sock.write_all(b"GET /demo/k HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    // Generous bound: the assertion is that the server hangs up at all.
+    let n = tokio::time::timeout(std::time::Duration::from_secs(20), sock.read(&mut buf))
+        .await
+        .expect("the idle connection was not closed")
+        .unwrap_or(0);
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // The server still serves others.
+    let raw = RawClient::new(&fg.endpoint());
+    let r = raw
+        .send(RawRequest::put("/demo/k", "x").token(1))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+}
