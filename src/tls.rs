@@ -58,6 +58,10 @@ pub fn client_config(extra_ca: Option<&Path>) -> Result<ClientConfig, String> {
                 .into(),
         );
     }
+    client_trusting(roots)
+}
+
+fn client_trusting(roots: RootCertStore) -> Result<ClientConfig, String> {
     Ok(ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
@@ -67,11 +71,7 @@ pub fn client_config(extra_ca: Option<&Path>) -> Result<ClientConfig, String> {
 
 /// A client config for plain-HTTP backends (never used for a handshake).
 pub fn client_config_without_roots() -> Result<ClientConfig, String> {
-    Ok(ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(RootCertStore::empty())
-        .with_no_client_auth())
+    client_trusting(RootCertStore::empty())
 }
 
 /// A client config that trusts only the certificates in `ca` (PEM).
@@ -80,9 +80,5 @@ pub fn client_config_with(ca: &Path) -> Result<ClientConfig, String> {
     for cert in certs(ca, "ca")? {
         roots.add(cert).map_err(|e| e.to_string())?;
     }
-    Ok(ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    client_trusting(roots)
 }

@@ -20,7 +20,7 @@ mod outgoing;
 
 use crate::admin::metrics as m;
 use crate::config::Config;
-use crate::fence::gate::{Gate, Kind, Permit, Refusal};
+use crate::fence::gate::{Gate, Kind, Permit};
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
 use crate::fence::uploads::{self, Uploads};
@@ -90,6 +90,15 @@ fn is_presign_param(k: &str) -> bool {
             | "X-Amz-Signature"
             | "X-Amz-Security-Token"
     )
+}
+
+/// Reads a small backend answer (an XML document) whole, up to `limit`.
+async fn read_small_body(body: Incoming, limit: usize) -> Result<Bytes, S3Error> {
+    Ok(http_body_util::Limited::new(body, limit)
+        .collect()
+        .await
+        .map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?
+        .to_bytes())
 }
 
 /// A ListAllMyBucketsResult with only the `<Bucket>` entries whose name
@@ -232,7 +241,7 @@ impl Proxy {
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum::<usize>()
-            + parts.uri.to_string().len();
+            + parts.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
         if header_bytes > self.max_header_bytes {
             return Err(S3Error::RequestHeaderSectionTooLarge);
         }
@@ -330,11 +339,7 @@ impl Proxy {
             && !verified.credential.allows_bucket("*")
         {
             // Show a limited credential only the buckets it may use.
-            let bytes = http_body_util::Limited::new(body, 8 << 20)
-                .collect()
-                .await
-                .map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?
-                .to_bytes();
+            let bytes = read_small_body(body, 8 << 20).await?;
             let kept = keep_buckets(&bytes, |b| verified.credential.allows_bucket(b));
             parts.headers.remove(http::header::CONTENT_LENGTH);
             return Ok(Response::from_parts(parts, full(Bytes::from(kept))));
@@ -345,14 +350,7 @@ impl Proxy {
             match (op.name, &upload_id, fenced.token) {
                 ("CreateMultipartUpload", _, Some(t)) => {
                     // A small XML document: read it to learn the upload id.
-                    let limited = http_body_util::Limited::new(body, 1 << 20);
-                    let bytes = limited
-                        .collect()
-                        .await
-                        .map_err(|e| {
-                            S3Error::BadGateway(format!("reading the backend's answer: {e}"))
-                        })?
-                        .to_bytes();
+                    let bytes = read_small_body(body, 1 << 20).await?;
                     if let Some(id) = uploads::upload_id_from_xml(&bytes) {
                         self.uploads.record(b, k, &id, t);
                     }
@@ -432,20 +430,12 @@ impl Proxy {
         let admitting = Instant::now();
         let admitted = self.gate.admit(&resource, token, kind).await;
         metrics::histogram!(m::ADMISSION_WAIT).record(admitting.elapsed().as_secs_f64());
-        match admitted {
-            Ok(permit) => Ok(Fenced {
-                resource: Some(resource),
-                token: Some(token),
-                permit: permit.map(Arc::new),
-            }),
-            Err(Refusal::Stale { token, highest }) => Err(S3Error::StaleFencingToken {
-                token,
-                highest,
-                resource,
-            }),
-            Err(Refusal::Busy) => Err(S3Error::SlowDown(resource)),
-            Err(Refusal::Store(e)) => Err(S3Error::Internal(e.to_string())),
-        }
+        let permit = admitted.map_err(|r| S3Error::from_refusal(r, &resource))?;
+        Ok(Fenced {
+            resource: Some(resource),
+            token: Some(token),
+            permit: permit.map(Arc::new),
+        })
     }
 }
 

@@ -74,21 +74,22 @@ impl Proxy {
                     .map_err(|e| S3Error::Internal(e.to_string()))?
                     && t < h
                 {
-                    return Err(stale(t, h, r));
+                    return Err(S3Error::from_refusal(
+                        Refusal::Stale {
+                            token: t,
+                            highest: h,
+                        },
+                        r,
+                    ));
                 }
             }
             for r in &resources {
-                match self.gate.admit(r, t, Kind::Write).await {
-                    Ok(Some(p)) => permits.push(p),
-                    Ok(None) => {}
-                    Err(Refusal::Stale { token, highest }) => return Err(stale(token, highest, r)),
-                    Err(Refusal::Busy) => return Err(S3Error::SlowDown(r.clone())),
-                    Err(Refusal::Store(e)) => return Err(S3Error::Internal(e.to_string())),
-                }
+                let admitted = self.gate.admit(r, t, Kind::Write).await;
+                permits.extend(admitted.map_err(|e| S3Error::from_refusal(e, r))?);
             }
             for p in &permits {
                 if !p.body_complete() {
-                    return Err(stale(p.token(), p.highest(), "one of the keys"));
+                    return Err(S3Error::aborted(p, "one of the keys"));
                 }
             }
         }
@@ -105,13 +106,5 @@ impl Proxy {
         let frame: Result<http_body::Frame<Bytes>, S3Error> = Ok(http_body::Frame::data(body));
         out.body = Some(Box::pin(futures_util::stream::iter([frame])));
         Ok(permits)
-    }
-}
-
-fn stale(token: u64, highest: u64, resource: &str) -> S3Error {
-    S3Error::StaleFencingToken {
-        token,
-        highest,
-        resource: resource.to_string(),
     }
 }

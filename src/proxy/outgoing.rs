@@ -77,11 +77,7 @@ impl Proxy {
             if let Some(p) = &fenced.permit
                 && !p.body_complete()
             {
-                return Err(S3Error::StaleFencingToken {
-                    token: p.token(),
-                    highest: p.highest(),
-                    resource,
-                });
+                return Err(S3Error::aborted(p, &resource));
             }
             if content_length == Some(0) {
                 out.content_length = Some(0);

@@ -110,11 +110,7 @@ pub fn commit_gate(
     };
     fn stale(st: &St) -> S3Error {
         let p = st.permit.as_ref().expect("only fenced writes abort");
-        S3Error::StaleFencingToken {
-            token: p.token(),
-            highest: p.highest(),
-            resource: st.resource.clone(),
-        }
+        S3Error::aborted(p, &st.resource)
     }
     Box::pin(futures_util::stream::unfold(st, |mut st| async move {
         if st.done {

@@ -1,6 +1,7 @@
 //! Every error fencegate itself answers, and the one place that renders it as
 //! an S3 XML error body so that every SDK surfaces the code.
 
+use crate::fence::gate::{Permit, Refusal};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
@@ -72,6 +73,28 @@ pub enum S3Error {
 }
 
 impl S3Error {
+    /// The answer to a request the gate refused on `resource`.
+    pub fn from_refusal(refusal: Refusal, resource: &str) -> S3Error {
+        match refusal {
+            Refusal::Stale { token, highest } => S3Error::StaleFencingToken {
+                token,
+                highest,
+                resource: resource.to_string(),
+            },
+            Refusal::Busy => S3Error::SlowDown(resource.to_string()),
+            Refusal::Store(e) => S3Error::Internal(e.to_string()),
+        }
+    }
+
+    /// The answer to a write whose permit was aborted by a higher token.
+    pub fn aborted(permit: &Permit, resource: &str) -> S3Error {
+        S3Error::StaleFencingToken {
+            token: permit.token(),
+            highest: permit.highest(),
+            resource: resource.to_string(),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         use S3Error::*;
         match self {
