@@ -3,6 +3,7 @@
 //! bucket; stopped on drop. The `garage` binary comes from
 //! `cargo install --locked garage` (scripts/test installs it when missing).
 
+use super::free_port;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,14 +15,6 @@ pub struct Garage {
     child: Child,
     config: PathBuf,
     _dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn garage_bin() -> PathBuf {

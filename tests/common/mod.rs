@@ -3,9 +3,32 @@
 #![allow(dead_code)]
 
 pub mod backend;
+pub mod etcd;
 pub mod fencegate;
 pub mod garage;
 pub mod raw;
+pub mod zookeeper;
+
+/// A free loopback port (bound, read, released) for a service a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `ok` every 50 ms until it holds or `secs` pass; panics with `what`.
+pub fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
 
 use aws_sdk_s3::config::{Credentials, Region};
 
