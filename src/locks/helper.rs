@@ -34,7 +34,7 @@ async fn take(spec: &LockSpec) -> Result<Held, LockError> {
             .map(Held::ZooKeeper),
         None => etcd::acquire(&spec.etcd, &spec.name, spec.ttl, spec.timeout)
             .await
-            .map(Held::Etcd),
+            .map(|l| Held::Etcd(Box::new(l))),
     }
 }
 

@@ -30,7 +30,7 @@ pub enum LockError {
 
 /// A lock held for `fencegate lock`.
 pub enum Held {
-    Etcd(etcd::EtcdLock),
+    Etcd(Box<etcd::EtcdLock>),
     ZooKeeper(zookeeper::ZkLock),
 }
 
