@@ -121,3 +121,39 @@ pub fn validate(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<(), Config
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn check(toml: &str) -> Result<(), String> {
+        Config::parse(toml)
+            .and_then(|c| c.validate())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn eager_entries_name_the_field_at_fault() {
+        let etcd = "[locks]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n";
+        assert!(
+            check(&format!(
+                "{etcd}[[eager]]\nresource = \"r\"\netcd_lock = \"r\"\n"
+            ))
+            .is_ok()
+        );
+        let both = check(&format!(
+            "{etcd}[[eager]]\nresource = \"r\"\netcd_lock = \"r\"\nzookeeper_lock = \"/l\"\n"
+        ));
+        assert!(both.unwrap_err().contains("eager[0].etcd_lock"));
+        let no_service = check("[[eager]]\nresource = \"r\"\netcd_lock = \"r\"\n");
+        assert!(no_service.unwrap_err().contains("locks.etcd_endpoints"));
+        let bad_path = check(
+            "[locks]\nzookeeper = \"h:1\"\n[[eager]]\nresource = \"r\"\nzookeeper_lock = \"locks\"\n",
+        );
+        assert!(bad_path.unwrap_err().contains("eager[0].zookeeper_lock"));
+        let bad_url = check("[locks]\netcd_endpoints = [\"127.0.0.1:2379\"]\n");
+        assert!(bad_url.unwrap_err().contains("locks.etcd_endpoints[0]"));
+        let typo = check("[[eager]]\nresource = \"r\"\netcd_lok = \"r\"\n");
+        assert!(typo.unwrap_err().contains("etcd_lok"));
+    }
+}

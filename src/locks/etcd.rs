@@ -20,9 +20,12 @@ fn svc(e: etcd_client::Error) -> LockError {
 }
 
 async fn connect(endpoints: &[String]) -> Result<Client, etcd_client::Error> {
+    // HTTP/2 pings find a dead server while a watch is quiet. etcd answers
+    // pings more often than every 5 s (its default
+    // --grpc-keepalive-min-time) by closing the connection.
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
     Client::connect(endpoints, Some(opts)).await
 }
 
