@@ -353,4 +353,40 @@ mod tests {
         q.insert("l/c".into(), 12);
         assert_eq!(q.holder(), Some((&9, &"l/c".to_string())));
     }
+
+    fn queue(keys: &[(&str, i64)]) -> Queue {
+        let mut q = Queue::default();
+        for (k, r) in keys {
+            q.insert(k.to_string(), *r);
+        }
+        q
+    }
+
+    fn resynced(old: &Queue, fresh: &Queue, rev: i64) -> Vec<u64> {
+        let raised = std::cell::RefCell::new(Vec::new());
+        resync(old, fresh, rev, &|s| {
+            if let Seen::Raise { token, .. } = s {
+                raised.borrow_mut().push(token)
+            }
+        });
+        raised.into_inner()
+    }
+
+    #[test]
+    fn after_a_gap_only_a_changed_holder_raises() {
+        let old = queue(&[("l/a", 5), ("l/b", 7)]);
+        // Same holder, a waiter gone: nothing.
+        assert!(resynced(&old, &queue(&[("l/a", 5)]), 20).is_empty());
+        // Nobody holds the lock now: the read's revision bounds every
+        // later token from below.
+        assert_eq!(resynced(&old, &queue(&[]), 20), vec![20]);
+        // Someone else holds it: its create revision, never more (its
+        // token may be lower than the read's revision).
+        assert_eq!(
+            resynced(&old, &queue(&[("l/b", 7), ("l/c", 15)]), 20),
+            vec![7]
+        );
+        // Nothing was held before: nothing to fence.
+        assert!(resynced(&queue(&[]), &queue(&[("l/c", 15)]), 20).is_empty());
+    }
 }
