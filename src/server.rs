@@ -97,7 +97,6 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         gate.set_ordered(false);
     }
     let gate = Arc::new(gate);
-    crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
     let metrics = match crate::admin::metrics::install() {
         Ok(h) => Some(h),
         Err(e) => {
@@ -105,6 +104,8 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
             None
         }
     };
+    // After the recorder: the watchers report their state as metrics.
+    crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
     let target = backend_target(&cfg).await?;
     let backend_desc = target.endpoint.to_string();
     let backend_addr = target

@@ -30,6 +30,21 @@ async fn fencegate(svc: Option<&Service>) -> (Fencegate, aws_sdk_s3::Client) {
     (fg, c)
 }
 
+/// fencegate (with eager fencing on `orders` if `eager`), and holder A
+/// (lease or session of `ttl` seconds) having written `orders/log`.
+async fn a_has_written(
+    svc: &Service,
+    eager: bool,
+    ttl: u64,
+) -> (Fencegate, aws_sdk_s3::Client, Holder) {
+    let (fg, c) = fencegate(eager.then_some(svc)).await;
+    let a = Holder::take(svc, ttl);
+    put_with_token(&c, "orders/log", "from A", a.token)
+        .await
+        .unwrap();
+    (fg, c, a)
+}
+
 /// The recorded highest token of `orders`, if any.
 async fn fence(fg: &Fencegate) -> Option<u64> {
     let (status, body) = http_call(
@@ -57,7 +72,11 @@ async fn wait_for_eager(fg: &Fencegate, up: bool) {
         if m.contains(&want) {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "never saw {want}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never saw {want}; fencegate's log:\n{}",
+            fg.logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -144,11 +163,7 @@ on_both_services!(
 
 async fn a_paused_holder_is_refused_after_the_next_holder_writes(server: &mut Server) {
     let svc = server.service();
-    let (_fg, c) = fencegate(None).await;
-    let a = Holder::take(&svc, 2);
-    put_with_token(&c, "orders/log", "from A", a.token)
-        .await
-        .unwrap();
+    let (_fg, c, a) = a_has_written(&svc, false, 2).await;
 
     a.pause();
     // B queues, and gets the lock once A's lease or session expires.
@@ -171,11 +186,7 @@ async fn a_paused_holder_is_refused_after_the_next_holder_writes(server: &mut Se
 
 async fn eager_fencing_refuses_an_expired_holder_before_anyone_else_writes(server: &mut Server) {
     let svc = server.service();
-    let (fg, c) = fencegate(Some(&svc)).await;
-    let a = Holder::take(&svc, 2);
-    put_with_token(&c, "orders/log", "from A", a.token)
-        .await
-        .unwrap();
+    let (fg, c, a) = a_has_written(&svc, true, 2).await;
 
     a.pause();
     // Nobody else takes the lock; the expiry alone fences A off.
@@ -215,11 +226,7 @@ async fn without_eager_fencing_the_expired_holder_writes_until_someone_else_does
     server: &mut Server,
 ) {
     let svc = server.service();
-    let (_fg, c) = fencegate(None).await;
-    let a = Holder::take(&svc, 2);
-    put_with_token(&c, "orders/log", "from A", a.token)
-        .await
-        .unwrap();
+    let (_fg, c, a) = a_has_written(&svc, false, 2).await;
     a.pause();
     wait_until_lock_free(&svc).await;
     // The lock is gone, yet the plain scheme has nothing newer to compare
@@ -231,11 +238,7 @@ async fn without_eager_fencing_the_expired_holder_writes_until_someone_else_does
 
 async fn a_waiter_giving_up_does_not_fence_off_the_holder(server: &mut Server) {
     let svc = server.service();
-    let (fg, c) = fencegate(Some(&svc)).await;
-    let a = Holder::take(&svc, 10);
-    put_with_token(&c, "orders/log", "from A", a.token)
-        .await
-        .unwrap();
+    let (fg, c, a) = a_has_written(&svc, true, 10).await;
 
     let s = svc.clone();
     let out = tokio::task::spawn_blocking(move || run_lock(&s, &["--timeout", "1"], &["true"]))

@@ -237,12 +237,23 @@ pub async fn watch_holder(servers: String, session: Duration, path: String, seen
                         }
                     }
                     Err(zk::Error::NoNode) => {
-                        // No directory: nobody holds or waits. A holder we knew
-                        // is gone with it, but there is no zxid to bound it by;
-                        // the next holder's node will be, and the plain check
-                        // applies meanwhile.
-                        if let Some(old) = holder.take() {
-                            tracing::warn!(lock = %path, holder = %old, "lock directory deleted; fence not raised until a new holder appears");
+                        // No directory: nobody holds or waits. ZooKeeper reaped
+                        // the empty container after the holder left (or it was
+                        // deleted): the nearest ancestor's pzxid is at least
+                        // that deletion, and below any later node's czxid.
+                        if let Some(old) = &holder {
+                            match ancestor_pzxid(&client, &path).await {
+                                Ok(z) => {
+                                    seen(Seen::Raise {
+                                        token: z as u64,
+                                        why: format!(
+                                            "holder {old} released the lock (directory reaped)"
+                                        ),
+                                    });
+                                    holder = None;
+                                }
+                                Err(_) => break,
+                            }
                         }
                         match client.check_and_watch_stat(&path).await {
                             Ok((Some(_), _)) => continue,
@@ -264,6 +275,23 @@ pub async fn watch_holder(servers: String, session: Duration, path: String, seen
         }
         seen(Seen::Up(false));
         backoff.wait().await;
+    }
+}
+
+/// The pzxid of the nearest existing ancestor of `path` (the root exists).
+async fn ancestor_pzxid(client: &zk::Client, path: &str) -> Result<i64, zk::Error> {
+    let mut p = path;
+    loop {
+        p = match p.rfind('/') {
+            Some(0) | None => "/",
+            Some(i) => &p[..i],
+        };
+        if let Some(stat) = client.check_stat(p).await? {
+            return Ok(stat.pzxid);
+        }
+        if p == "/" {
+            return Err(zk::Error::NoNode);
+        }
     }
 }
 

@@ -88,6 +88,8 @@ fn four_letter(port: u16, cmd: &str) -> String {
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return String::new();
     };
+    // A server still starting can accept and then say nothing.
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
     let mut out = String::new();
     if s.write_all(cmd.as_bytes()).is_ok() {
         let _ = s.read_to_string(&mut out);
