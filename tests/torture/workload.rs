@@ -85,7 +85,9 @@ pub struct WriterFaults {
 }
 
 /// An aws-sdk-s3 client without retries (a retried write would blur its
-/// outcome) and with timeouts, so a hang ends as indeterminate. It does not
+/// outcome) and with a short timeout (2.5 s): a writer whose answer is held
+/// gives up (indeterminate) and releases its lock while its write is still
+/// in flight, which is what fencegate's ordering barrier is for. It does not
 /// validate response checksums: the embedded store (s3s-fs) renames the
 /// object into place before it saves the object's checksum beside it, so
 /// after a kill -9 between the two it serves the new object with the old
@@ -103,7 +105,7 @@ pub fn s3_client(endpoint: &str, key: &str, secret: &str, region: &str) -> aws_s
         .timeout_config(
             TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(3))
-                .operation_timeout(Duration::from_secs(20))
+                .operation_timeout(Duration::from_millis(2_500))
                 .build(),
         )
         .build();
