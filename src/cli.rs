@@ -27,6 +27,44 @@ pub enum Command {
     Serve(ServeArgs),
     /// Inspect or raise fences through the admin API.
     Fences(FencesArgs),
+    /// Hold a lock from etcd or ZooKeeper while a command runs, with the
+    /// lock's fencing token in FENCING_TOKEN (and its key in FENCING_LOCK_KEY).
+    /// Exits with the command's status, 69 if the lock could not be taken,
+    /// 75 if it was lost while the command ran (the command is then stopped).
+    Lock(LockArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// etcd client URLs, comma-separated (the lock is `etcdctl lock NAME`'s).
+    #[arg(
+        long,
+        env = "FENCEGATE_ETCD",
+        value_delimiter = ',',
+        required_unless_present = "zookeeper",
+        conflicts_with = "zookeeper"
+    )]
+    pub etcd: Vec<String>,
+    /// ZooKeeper connect string, host:port[,host:port...] (Curator's mutex
+    /// recipe under the directory NAME).
+    #[arg(long, env = "FENCEGATE_ZOOKEEPER")]
+    pub zookeeper: Option<String>,
+    /// etcd lease TTL, or ZooKeeper session timeout, in seconds. The lease
+    /// is renewed every TTL/3; without an acknowledged renewal for a whole
+    /// TTL the lock counts as lost.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ttl: u64,
+    /// Give up (exit 69) when the lock is not taken within this many seconds.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// Seconds between SIGTERM and SIGKILL when the lock is lost.
+    #[arg(long, default_value_t = 5)]
+    pub kill_grace: u64,
+    /// Lock name (etcd) or lock directory such as /locks/orders (ZooKeeper).
+    pub name: String,
+    /// The command to run under the lock, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -23,6 +23,10 @@ pub struct Config {
     pub credentials: Vec<Credential>,
     pub rules: Vec<RuleConfig>,
     pub log: LogConfig,
+    /// Where the lock services are (for eager fencing).
+    pub locks: crate::locks::config::LocksConfig,
+    /// Resources whose fence follows a lock (eager fencing).
+    pub eager: Vec<crate::locks::config::EagerConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -209,6 +213,8 @@ impl Default for Config {
             }],
             rules: Vec::new(),
             log: LogConfig::default(),
+            locks: Default::default(),
+            eager: Vec::new(),
         }
     }
 }
@@ -272,7 +278,7 @@ impl Default for LogConfig {
 #[error("config error: {0}")]
 pub struct ConfigError(pub String);
 
-fn err(field: &str, msg: impl std::fmt::Display) -> ConfigError {
+pub(crate) fn err(field: &str, msg: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("`{field}`: {msg}"))
 }
 
@@ -440,6 +446,7 @@ impl Config {
                 ));
             }
         }
+        crate::locks::config::validate(&self.locks, &self.eager)?;
         Ok(())
     }
 

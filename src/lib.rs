@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod fence;
+pub mod locks;
 pub mod proxy;
 pub mod s3;
 pub mod server;

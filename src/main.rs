@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use fencegate::admin::client::{self, FenceCommand};
-use fencegate::cli::{Cli, Command, FencesAction, FencesArgs, ServeArgs};
+use fencegate::cli::{Cli, Command, FencesAction, FencesArgs, LockArgs, ServeArgs};
 use fencegate::config::LogFormat;
 use std::process::ExitCode;
 
@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
         Some(Command::Fences(f)) => fences(f, cli.serve),
+        Some(Command::Lock(l)) => lock(l),
         None => serve(cli.serve),
     }
 }
@@ -80,6 +81,31 @@ fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn lock(a: LockArgs) -> ExitCode {
+    use fencegate::locks::helper::{self, LockSpec};
+    use std::time::Duration;
+    if let Some(t) = a.timeout
+        && !(t.is_finite() && t >= 0.0)
+    {
+        eprintln!("fencegate lock: --timeout must be a number of seconds");
+        return ExitCode::from(2);
+    }
+    let spec = LockSpec {
+        etcd: a.etcd,
+        zookeeper: a.zookeeper,
+        name: a.name,
+        ttl: Duration::from_secs(a.ttl),
+        timeout: a.timeout.map(Duration::from_secs_f64),
+        kill_grace: Duration::from_secs(a.kill_grace),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let code = rt.block_on(helper::run(spec, a.command));
+    ExitCode::from(code.clamp(0, 255) as u8)
 }
 
 /// Flags given after `serve` win over those given before it.

@@ -97,6 +97,7 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         gate.set_ordered(false);
     }
     let gate = Arc::new(gate);
+    crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
     let metrics = match crate::admin::metrics::install() {
         Ok(h) => Some(h),
         Err(e) => {

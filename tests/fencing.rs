@@ -4,39 +4,10 @@
 
 mod common;
 
-use aws_sdk_s3::primitives::ByteStream;
 use common::backend::{TestBackend, saw_key};
 use common::fencegate::Fencegate;
 use common::raw::{RawClient, RawRequest};
-use common::{Store, ensure_bucket, sdk};
-
-async fn put_sdk(
-    c: &aws_sdk_s3::Client,
-    key: &str,
-    body: &str,
-    token: u64,
-) -> Result<(), (u16, String, Option<String>)> {
-    c.put_object()
-        .bucket("demo")
-        .key(key)
-        .metadata("fencing-token", token.to_string())
-        .body(ByteStream::from(body.as_bytes().to_vec()))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| {
-            let raw = e.raw_response().expect("a response");
-            let status = raw.status().as_u16();
-            let highest = raw
-                .headers()
-                .get("x-fencing-highest-token")
-                .map(str::to_string);
-            let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&e)
-                .unwrap_or_default()
-                .to_string();
-            (status, code, highest)
-        })
-}
+use common::{Store, ensure_bucket, put_with_token, sdk};
 
 async fn get_sdk(c: &aws_sdk_s3::Client, key: &str) -> (String, Option<String>) {
     let o = c.get_object().bucket("demo").key(key).send().await.unwrap();
@@ -56,8 +27,10 @@ async fn stale_writes_are_refused(store: Store) {
     let c = sdk(&run.fg.endpoint());
     ensure_bucket(&c, "demo").await;
 
-    put_sdk(&c, "k", "thirty-four", 34).await.unwrap();
-    let refused = put_sdk(&c, "k", "thirty-three", 33).await.unwrap_err();
+    put_with_token(&c, "k", "thirty-four", 34).await.unwrap();
+    let refused = put_with_token(&c, "k", "thirty-three", 33)
+        .await
+        .unwrap_err();
     assert_eq!(
         refused,
         (409, "StaleFencingToken".into(), Some("34".into()))
@@ -66,13 +39,15 @@ async fn stale_writes_are_refused(store: Store) {
         get_sdk(&c, "k").await,
         ("thirty-four".into(), Some("34".into()))
     );
-    put_sdk(&c, "k", "thirty-four again", 34).await.unwrap();
-    put_sdk(&c, "k", "thirty-five", 35).await.unwrap();
+    put_with_token(&c, "k", "thirty-four again", 34)
+        .await
+        .unwrap();
+    put_with_token(&c, "k", "thirty-five", 35).await.unwrap();
     assert_eq!(
         get_sdk(&c, "k").await,
         ("thirty-five".into(), Some("35".into()))
     );
-    assert_eq!(put_sdk(&c, "k", "x", 34).await.unwrap_err().0, 409);
+    assert_eq!(put_with_token(&c, "k", "x", 34).await.unwrap_err().0, 409);
     assert_eq!(get_sdk(&c, "k").await.0, "thirty-five");
 }
 
@@ -215,14 +190,14 @@ async fn a_read_with_a_higher_token_fences_off_older_writes(store: Store) {
     let run = store.start("");
     let c = sdk(&run.fg.endpoint());
     ensure_bucket(&c, "demo").await;
-    put_sdk(&c, "rmw", "v1", 38).await.unwrap();
+    put_with_token(&c, "rmw", "v1", 38).await.unwrap();
     let raw = RawClient::new(&run.fg.endpoint());
     let r = raw
         .send(RawRequest::new(http::Method::GET, "/demo/rmw").token(40))
         .await
         .unwrap();
     assert_eq!((r.status, r.body.as_str()), (200, "v1"));
-    let refused = put_sdk(&c, "rmw", "v2", 39).await.unwrap_err();
+    let refused = put_with_token(&c, "rmw", "v2", 39).await.unwrap_err();
     assert_eq!(refused.0, 409);
     assert_eq!(refused.2.as_deref(), Some("40"));
     // A stale read is refused too.
@@ -231,7 +206,7 @@ async fn a_read_with_a_higher_token_fences_off_older_writes(store: Store) {
         .await
         .unwrap();
     assert_eq!(r.status, 409);
-    put_sdk(&c, "rmw", "v3", 40).await.unwrap();
+    put_with_token(&c, "rmw", "v3", 40).await.unwrap();
     assert_eq!(get_sdk(&c, "rmw").await.0, "v3");
 }
 
@@ -239,12 +214,12 @@ async fn fences_survive_kill_9(store: Store) {
     let mut run = store.start("");
     let c = sdk(&run.fg.endpoint());
     ensure_bucket(&c, "demo").await;
-    put_sdk(&c, "k", "a", 34).await.unwrap();
+    put_with_token(&c, "k", "a", 34).await.unwrap();
     run.fg.kill9_and_restart();
     let c = sdk(&run.fg.endpoint());
-    assert_eq!(put_sdk(&c, "k", "b", 33).await.unwrap_err().0, 409);
+    assert_eq!(put_with_token(&c, "k", "b", 33).await.unwrap_err().0, 409);
     assert_eq!(get_sdk(&c, "k").await.0, "a");
-    put_sdk(&c, "k", "c", 34).await.unwrap();
+    put_with_token(&c, "k", "c", 34).await.unwrap();
 }
 
 on_both_stores!(refused_requests_land_nothing);

@@ -24,6 +24,10 @@ pub const BYTES_OUT: &str = "fencegate_bytes_out_total";
 pub const CONNECTIONS_REFUSED: &str = "fencegate_connections_refused_total";
 /// Open S3 connections.
 pub const CONNECTIONS: &str = "fencegate_connections";
+/// 1 while eager fencing watches a resource's lock, 0 while degraded.
+pub const EAGER_UP: &str = "fencegate_eager_fencing_up";
+/// Fences raised because a lock holder lost its lock.
+pub const EAGER_RAISES: &str = "fencegate_eager_raises_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -49,9 +53,18 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_counter!(BYTES_OUT, "response body bytes to clients");
     describe_counter!(CONNECTIONS_REFUSED, "connections refused at the limit");
     describe_gauge!(CONNECTIONS, "open S3 connections");
+    describe_gauge!(
+        EAGER_UP,
+        "1 while eager fencing watches the resource's lock"
+    );
+    describe_counter!(
+        EAGER_RAISES,
+        "fences raised because a lock holder lost its lock"
+    );
     // Publish the counters at zero so that a scrape sees them before the
     // first event.
     metrics::counter!(RAISES).absolute(0);
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);
+    metrics::counter!(EAGER_RAISES).absolute(0);
     Ok(handle)
 }

@@ -60,13 +60,7 @@ impl Etcd {
 
     /// Runs `etcdctl` (API v3) against this server.
     pub fn etcdctl(&self, args: &[&str]) -> Output {
-        Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg("--endpoints")
-            .arg(&self.endpoint)
-            .args(args)
-            .output()
-            .expect("run etcdctl (Debian package etcd-client)")
+        etcdctl(&self.endpoint, args)
     }
 
     /// Stops the server (SIGKILL) without removing its data.
@@ -87,6 +81,17 @@ impl Etcd {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
+}
+
+/// Runs `etcdctl` (API v3) against `endpoint`.
+pub fn etcdctl(endpoint: &str, args: &[&str]) -> Output {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoint)
+        .args(args)
+        .output()
+        .expect("run etcdctl (Debian package etcd-client)")
 }
 
 impl Drop for Etcd {

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod etcd;
 pub mod fencegate;
 pub mod garage;
+pub mod lock_holder;
 pub mod raw;
 pub mod zookeeper;
 
@@ -46,6 +47,38 @@ pub fn sdk_as(endpoint: &str, key: &str, secret: &str) -> aws_sdk_s3::Client {
         .force_path_style(true)
         .build();
     aws_sdk_s3::Client::from_conf(conf)
+}
+
+/// PutObject to bucket `demo` with `token` as user metadata; on refusal,
+/// (status, error code, x-fencing-highest-token).
+pub async fn put_with_token(
+    c: &aws_sdk_s3::Client,
+    key: &str,
+    body: &str,
+    token: u64,
+) -> Result<(), (u16, String, Option<String>)> {
+    c.put_object()
+        .bucket("demo")
+        .key(key)
+        .metadata("fencing-token", token.to_string())
+        .body(aws_sdk_s3::primitives::ByteStream::from(
+            body.as_bytes().to_vec(),
+        ))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            let raw = e.raw_response().expect("a response");
+            let status = raw.status().as_u16();
+            let highest = raw
+                .headers()
+                .get("x-fencing-highest-token")
+                .map(str::to_string);
+            let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&e)
+                .unwrap_or_default()
+                .to_string();
+            (status, code, highest)
+        })
 }
 
 /// A plain (unsigned) HTTP call, for the admin API. Returns status and body.

@@ -5,7 +5,7 @@
 
 use super::{free_port, wait_until};
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 /// The Debian package's jar; its manifest names the jars it depends on.
 const CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar";

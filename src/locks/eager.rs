@@ -1,0 +1,105 @@
+//! Eager fencing: each `[[eager]]` resource follows a lock, and its fence is
+//! raised the moment the lock's holder loses it (release, lease expiry,
+//! session loss), durably, before any new holder has written. The old
+//! holder is then refused even if nobody else ever writes.
+//!
+//! While a watch is down, the plain scheme still applies; the gauge
+//! `fencegate_eager_fencing_up{resource}` is 0 and a warning is logged.
+
+use super::config::{EagerConfig, LockRef, LocksConfig};
+use super::etcd::Seen;
+use crate::admin::metrics as m;
+use crate::fence::gate::{Gate, Refusal};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Starts one watcher task per `[[eager]]` entry.
+pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
+    for e in eager {
+        let fencer = Arc::new(Fencer {
+            gate: gate.clone(),
+            resource: e.resource.clone(),
+            lock: e.lock(),
+            up: AtomicU8::new(UNKNOWN),
+        });
+        metrics::gauge!(m::EAGER_UP, "resource" => e.resource.clone()).set(0.0);
+        match e.lock() {
+            LockRef::Etcd(name) => {
+                let endpoints = locks.etcd_endpoints.clone();
+                tokio::spawn(async move {
+                    let f = fencer.clone();
+                    super::etcd::watch_holder(endpoints, name, move |s| f.seen(s)).await
+                });
+            }
+            LockRef::ZooKeeper(path) => {
+                let servers = locks.zookeeper.clone().unwrap_or_default();
+                let session = locks.zookeeper_session_timeout();
+                tokio::spawn(async move {
+                    let f = fencer.clone();
+                    super::zookeeper::watch_holder(servers, session, path, move |s| f.seen(s)).await
+                });
+            }
+        }
+    }
+}
+
+const UNKNOWN: u8 = 2;
+
+/// Turns what a watcher sees into fence raises, metrics and logs.
+struct Fencer {
+    gate: Arc<Gate>,
+    resource: String,
+    lock: LockRef,
+    up: AtomicU8,
+}
+
+impl Fencer {
+    fn seen(self: &Arc<Self>, s: Seen) {
+        match s {
+            Seen::Up(up) => {
+                let was = self.up.swap(up as u8, Ordering::Relaxed);
+                if was == up as u8 {
+                    return;
+                }
+                metrics::gauge!(m::EAGER_UP, "resource" => self.resource.clone()).set(if up {
+                    1.0
+                } else {
+                    0.0
+                });
+                if up {
+                    tracing::info!(resource = %self.resource, lock = ?self.lock, "eager fencing is watching the lock");
+                } else {
+                    tracing::warn!(resource = %self.resource, lock = ?self.lock,
+                        "eager fencing degraded: lock watch is down; the plain token check still applies");
+                }
+            }
+            Seen::Raise { token, why } => {
+                // Raises only ever go up, so they may complete in any order.
+                let this = self.clone();
+                tokio::spawn(async move { this.raise(token, &why).await });
+            }
+        }
+    }
+
+    async fn raise(&self, token: u64, why: &str) {
+        loop {
+            match self.gate.raise(&self.resource, token).await {
+                Ok(h) => {
+                    metrics::counter!(m::EAGER_RAISES).increment(1);
+                    tracing::warn!(resource = %self.resource, lock = ?self.lock, token, highest = h, why,
+                        "lock holder lost the lock: fence raised");
+                    return;
+                }
+                // Already at or above: nothing to do.
+                Err(Refusal::Stale { highest, .. }) => {
+                    tracing::info!(resource = %self.resource, token, highest, why, "lock holder lost the lock; fence already higher");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(resource = %self.resource, token, error = ?e, "eager fence raise failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}

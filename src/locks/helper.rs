@@ -1,0 +1,128 @@
+//! `fencegate lock`: take a lock from etcd or ZooKeeper, run a command with
+//! its token in `FENCING_TOKEN`, release the lock when the command exits,
+//! and stop the command if the lock is lost first.
+//!
+//! Exit status: the command's own (128 + signal if a signal ended it);
+//! [`EXIT_NOT_TAKEN`] when the lock could not be taken (service unreachable,
+//! `--timeout`); [`EXIT_LOST`] when the lock was lost while the command ran
+//! (the command was then sent SIGTERM, and SIGKILL after `--kill-grace`).
+
+use super::{Held, LockError, etcd, zookeeper};
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// The lock could not be taken (sysexits' EX_UNAVAILABLE).
+pub const EXIT_NOT_TAKEN: i32 = 69;
+/// The lock was lost while the command ran (sysexits' EX_TEMPFAIL).
+pub const EXIT_LOST: i32 = 75;
+
+/// Where the lock lives and how to hold it.
+pub struct LockSpec {
+    pub etcd: Vec<String>,
+    pub zookeeper: Option<String>,
+    pub name: String,
+    pub ttl: Duration,
+    pub timeout: Option<Duration>,
+    pub kill_grace: Duration,
+}
+
+async fn take(spec: &LockSpec) -> Result<Held, LockError> {
+    match &spec.zookeeper {
+        Some(servers) => zookeeper::acquire(servers, &spec.name, spec.ttl, spec.timeout)
+            .await
+            .map(Held::ZooKeeper),
+        None => etcd::acquire(&spec.etcd, &spec.name, spec.ttl, spec.timeout)
+            .await
+            .map(|l| Held::Etcd(Box::new(l))),
+    }
+}
+
+/// Runs `command` under the lock; returns the exit status to use.
+pub async fn run(spec: LockSpec, command: Vec<String>) -> i32 {
+    let mut held = match take(&spec).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("fencegate lock: cannot take {}: {e}", spec.name);
+            return EXIT_NOT_TAKEN;
+        }
+    };
+    let token = held.token();
+    eprintln!(
+        "fencegate lock: holding {} as {} with token {token}",
+        spec.name,
+        held.key()
+    );
+    // Its own process group, so that stopping it reaches its children too.
+    let child = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("FENCING_TOKEN", token.to_string())
+        .env("FENCING_LOCK_KEY", held.key())
+        .process_group(0)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fencegate lock: cannot run {}: {e}", command[0]);
+            held.release().await;
+            return if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+        }
+    };
+    let group = child.id().map(|p| p as i32);
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => {
+            eprintln!("fencegate lock: cannot install signal handlers");
+            let _ = child.kill().await;
+            held.release().await;
+            return EXIT_NOT_TAKEN;
+        }
+    };
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break s,
+            why = held.lost() => {
+                eprintln!("fencegate lock: lock lost ({why}); stopping the command");
+                stop(group, &mut child, spec.kill_grace).await;
+                held.release().await;
+                return EXIT_LOST;
+            }
+            _ = term.recv() => send(group, libc::SIGTERM),
+            _ = int.recv() => send(group, libc::SIGINT),
+        }
+    };
+    held.release().await;
+    match status {
+        Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
+        Err(e) => {
+            eprintln!("fencegate lock: waiting for the command: {e}");
+            1
+        }
+    }
+}
+
+fn send(group: Option<i32>, sig: i32) {
+    if let Some(g) = group {
+        // SAFETY: kill(2) with a negative pid signals the process group we
+        // created for the child; no memory is involved.
+        unsafe {
+            libc::kill(-g, sig);
+        }
+    }
+}
+
+/// SIGTERM to the command's group, then SIGKILL after `grace`.
+async fn stop(group: Option<i32>, child: &mut tokio::process::Child, grace: Duration) {
+    send(group, libc::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        send(group, libc::SIGKILL);
+        let _ = child.wait().await;
+    }
+}

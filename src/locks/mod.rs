@@ -1,0 +1,88 @@
+//! Lock services: etcd and ZooKeeper, the two sources of fencing tokens that
+//! fencegate knows by name (CONTRACT §7).
+//!
+//! - [`etcd`] and [`zookeeper`] take a lock (for `fencegate lock`) and watch
+//!   one (for eager fencing), each in the recipe its own tools use: etcd's
+//!   lock service (`etcdctl lock`), Curator's mutex for ZooKeeper.
+//! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
+//! - [`eager`] raises a resource's fence the moment its lock holder loses the
+//!   lock, before any new holder writes.
+//! - [`config`] is the `[locks]` table and the `[[eager]]` entries.
+
+pub mod config;
+pub mod eager;
+pub mod etcd;
+pub mod helper;
+pub mod zookeeper;
+
+use std::time::Duration;
+
+/// Why a lock could not be taken, or stopped being held.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("lock service: {0}")]
+    Service(String),
+    #[error("timed out waiting for the lock")]
+    Timeout,
+    #[error("lock lost: {0}")]
+    Lost(String),
+}
+
+/// A lock held for `fencegate lock`.
+pub enum Held {
+    Etcd(Box<etcd::EtcdLock>),
+    ZooKeeper(zookeeper::ZkLock),
+}
+
+impl Held {
+    /// The fencing token of this holding.
+    pub fn token(&self) -> u64 {
+        match self {
+            Held::Etcd(l) => l.token,
+            Held::ZooKeeper(l) => l.token,
+        }
+    }
+
+    /// The lock's key in the service (etcd key or ZooKeeper node path).
+    pub fn key(&self) -> &str {
+        match self {
+            Held::Etcd(l) => &l.key,
+            Held::ZooKeeper(l) => &l.node,
+        }
+    }
+
+    /// Resolves when the lock is lost, with the reason.
+    pub async fn lost(&mut self) -> String {
+        match self {
+            Held::Etcd(l) => l.lost().await,
+            Held::ZooKeeper(l) => l.lost().await,
+        }
+    }
+
+    /// Gives the lock up (best effort: a lease or session that is already
+    /// gone has released it anyway).
+    pub async fn release(self) {
+        match self {
+            Held::Etcd(l) => l.release().await,
+            Held::ZooKeeper(l) => l.release().await,
+        }
+    }
+}
+
+/// Retry pacing for watches and keep-alives: doubles up to a cap.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff(Duration::from_millis(100))
+    }
+
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+    }
+
+    pub fn reset(&mut self) {
+        self.0 = Duration::from_millis(100);
+    }
+}

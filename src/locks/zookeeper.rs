@@ -1,0 +1,281 @@
+//! ZooKeeper: taking a lock with Curator's mutex recipe, and watching who
+//! holds one.
+//!
+//! Contenders create ephemeral sequential nodes `_c_<uuid>-lock-<seq>` under
+//! the lock directory (a container node); the lowest sequence holds the
+//! lock. The token is the czxid of the holder's node: zxids only grow, while
+//! the 10-digit sequence suffix restarts at 0 whenever ZooKeeper reaps the
+//! empty container and wraps at 2^31. Apache Curator's `InterProcessMutex`
+//! on the same path takes the same lock.
+
+use super::{Backoff, LockError};
+use std::time::Duration;
+use tokio::sync::watch;
+use zookeeper_client as zk;
+
+fn svc(e: zk::Error) -> LockError {
+    LockError::Service(e.to_string())
+}
+
+async fn connect(servers: &str, session: Duration) -> Result<zk::Client, zk::Error> {
+    zk::Client::connector()
+        .with_session_timeout(session)
+        .with_connection_timeout(Duration::from_secs(3))
+        .connect(servers)
+        .await
+}
+
+/// The 10-digit sequence at the end of a lock node's name.
+fn sequence(name: &str) -> Option<i64> {
+    let tail = name.get(name.len().checked_sub(10)?..)?;
+    tail.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| tail.parse().ok())?
+}
+
+/// A held ZooKeeper lock: the session and the holder's node.
+pub struct ZkLock {
+    pub token: u64,
+    pub node: String,
+    client: zk::Client,
+    lost: watch::Receiver<Option<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Takes the lock in directory `path`, waiting up to `wait`.
+pub async fn acquire(
+    servers: &str,
+    path: &str,
+    session: Duration,
+    wait: Option<Duration>,
+) -> Result<ZkLock, LockError> {
+    let client = connect(servers, session).await.map_err(svc)?;
+    let acl = zk::Acls::anyone_all();
+    let options = zk::LockOptions::new(acl)
+        .with_ancestor_options(zk::CreateMode::Container.with_acls(acl))
+        .map_err(svc)?;
+    let prefix = zk::LockPrefix::new_curator(path, "lock-").map_err(svc)?;
+    let take = client.lock(prefix, b"", options);
+    let lock = match wait {
+        // Cancelling the recipe deletes our node.
+        Some(d) => tokio::time::timeout(d, take)
+            .await
+            .map_err(|_| LockError::Timeout)?,
+        None => take.await,
+    }
+    .map_err(svc)?
+    .into_owned();
+    let node = lock.lock_path().to_string();
+    let stat = client
+        .check_stat(&node)
+        .await
+        .map_err(svc)?
+        .ok_or_else(|| LockError::Lost("lock node vanished".into()))?;
+    // The node is ours now; release() deletes it.
+    std::mem::forget(lock);
+    let (tx, lost) = watch::channel(None);
+    let task = tokio::spawn(guard(client.clone(), node.clone(), session, tx));
+    Ok(ZkLock {
+        token: stat.czxid as u64,
+        node,
+        client,
+        lost,
+        task,
+    })
+}
+
+impl ZkLock {
+    pub async fn lost(&mut self) -> String {
+        match self.lost.wait_for(Option::is_some).await {
+            Ok(r) => r.clone().unwrap_or_default(),
+            Err(_) => "session watcher stopped".into(),
+        }
+    }
+
+    pub async fn release(self) {
+        self.task.abort();
+        let _ = self.client.delete(&self.node, None).await;
+    }
+}
+
+/// Declares the lock lost when the node is deleted, the session expires or
+/// closes, or the client stays disconnected for the session timeout (the
+/// server may have expired the session by then without telling us).
+async fn guard(
+    client: zk::Client,
+    node: String,
+    session: Duration,
+    lost: watch::Sender<Option<String>>,
+) {
+    let mut states = client.state_watcher();
+    let node_gone = async {
+        loop {
+            match client.check_and_watch_stat(&node).await {
+                Ok((None, _)) => return format!("lock node {node} was deleted"),
+                Ok((Some(_), w)) => {
+                    let ev = w.changed().await;
+                    if ev.event_type == zk::EventType::NodeDeleted {
+                        return format!("lock node {node} was deleted");
+                    }
+                    if ev.session_state.is_terminated() {
+                        return format!("session {:?}", ev.session_state);
+                    }
+                }
+                Err(zk::Error::SessionExpired) => return "session expired".into(),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    let session_gone = async {
+        loop {
+            match states.changed().await {
+                zk::SessionState::Disconnected => {
+                    let back = async {
+                        loop {
+                            match states.changed().await {
+                                zk::SessionState::SyncConnected => return None,
+                                s if s.is_terminated() => return Some(format!("session {s:?}")),
+                                _ => {}
+                            }
+                        }
+                    };
+                    match tokio::time::timeout(session, back).await {
+                        Ok(None) => {}
+                        Ok(Some(why)) => return why,
+                        Err(_) => {
+                            return format!(
+                                "disconnected from ZooKeeper for the session timeout ({} ms)",
+                                session.as_millis()
+                            );
+                        }
+                    }
+                }
+                s if s.is_terminated() => return format!("session {s:?}"),
+                _ => {}
+            }
+        }
+    };
+    let why = tokio::select! {
+        w = node_gone => w,
+        w = session_gone => w,
+    };
+    let _ = lost.send(Some(why));
+}
+
+pub use super::etcd::Seen;
+
+/// Watches the lock in directory `path` and reports each time its holder
+/// goes away.
+///
+/// Only the holder (lowest sequence) counts; a waiter leaving does nothing.
+/// The fence goes to the czxid of the new holder, which is that holder's own
+/// token and above every earlier contender's; with no contender left, to the
+/// directory's pzxid, which every later node's czxid exceeds.
+pub async fn watch_holder(servers: String, session: Duration, path: String, seen: impl Fn(Seen)) {
+    let mut holder: Option<String> = None;
+    let mut backoff = Backoff::new();
+    loop {
+        let Ok(client) = connect(&servers, session).await else {
+            seen(Seen::Up(false));
+            backoff.wait().await;
+            continue;
+        };
+        seen(Seen::Up(true));
+        backoff.reset();
+        // The client reconnects by itself within the session; say when
+        // the watch is blind meanwhile.
+        let states = async {
+            let mut w = client.state_watcher();
+            loop {
+                match w.changed().await {
+                    zk::SessionState::Disconnected => seen(Seen::Up(false)),
+                    zk::SessionState::SyncConnected => seen(Seen::Up(true)),
+                    s if s.is_terminated() => return,
+                    _ => {}
+                }
+            }
+        };
+        let children = async {
+            loop {
+                match client.get_and_watch_children(&path).await {
+                    Ok((children, dir, watcher)) => {
+                        let current = children
+                            .iter()
+                            .filter_map(|c| sequence(c).map(|s| (s, c)))
+                            .min()
+                            .map(|(_, c)| c.clone());
+                        if let Some(old) = &holder
+                            && current.as_ref() != Some(old)
+                        {
+                            let raise = match &current {
+                                Some(new) => {
+                                    match client.check_stat(&format!("{path}/{new}")).await {
+                                        Ok(Some(st)) => Some((
+                                            st.czxid,
+                                            format!("holder {old} replaced by {new}"),
+                                        )),
+                                        // Gone already: look again.
+                                        Ok(None) => continue,
+                                        Err(_) => break,
+                                    }
+                                }
+                                None => {
+                                    Some((dir.pzxid, format!("holder {old} released the lock")))
+                                }
+                            };
+                            if let Some((token, why)) = raise {
+                                seen(Seen::Raise {
+                                    token: token as u64,
+                                    why,
+                                });
+                            }
+                        }
+                        holder = current;
+                        let ev = watcher.changed().await;
+                        if ev.session_state.is_terminated() {
+                            break;
+                        }
+                    }
+                    Err(zk::Error::NoNode) => {
+                        // No directory: nobody holds or waits. A holder we knew
+                        // is gone with it, but there is no zxid to bound it by;
+                        // the next holder's node will be, and the plain check
+                        // applies meanwhile.
+                        if let Some(old) = holder.take() {
+                            tracing::warn!(lock = %path, holder = %old, "lock directory deleted; fence not raised until a new holder appears");
+                        }
+                        match client.check_and_watch_stat(&path).await {
+                            Ok((Some(_), _)) => continue,
+                            Ok((None, w)) => {
+                                if w.changed().await.session_state.is_terminated() {
+                                    break;
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        };
+        tokio::select! {
+            _ = states => {}
+            _ = children => {}
+        }
+        seen(Seen::Up(false));
+        backoff.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sequence;
+
+    #[test]
+    fn sequence_suffix() {
+        assert_eq!(sequence("_c_8d1f-lock-0000000042"), Some(42));
+        assert_eq!(sequence("lock-0000000000"), Some(0));
+        assert_eq!(sequence("lock-12"), None);
+        assert_eq!(sequence("readme"), None);
+    }
+}
