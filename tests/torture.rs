@@ -8,6 +8,9 @@
 //! results.
 //!
 //! - `short_run`: about a minute on the embedded store, part of the suite.
+//! - `barrier_off_is_caught`: the harness must find violations through a
+//!   fencegate whose ordering barrier is switched off, and none through one
+//!   whose barrier is on, in front of a backend that delivers requests late.
 //! - `long_run` (ignored): ≥ 10,000 requests against Garage; `scripts/torture`.
 
 #[path = "torture/checker.rs"]
@@ -45,9 +48,17 @@ fn seed() -> u64 {
 }
 
 /// Whether `fault` is switched off for this run:
-/// `TORTURE_OFF=stall,session-loss,kill9,delay,hold,reset` (any of them).
+/// `TORTURE_OFF=stall,session-loss,kill9,delay,hold,late,reset` (any of them).
 fn off(fault: &str) -> bool {
-    const KNOWN: [&str; 6] = ["stall", "session-loss", "kill9", "delay", "hold", "reset"];
+    const KNOWN: [&str; 7] = [
+        "stall",
+        "session-loss",
+        "kill9",
+        "delay",
+        "hold",
+        "late",
+        "reset",
+    ];
     let v = std::env::var("TORTURE_OFF").unwrap_or_default();
     let listed: Vec<&str> = v
         .split(',')
@@ -81,6 +92,9 @@ fn network_faults(mut f: FaultConfig) -> FaultConfig {
     }
     if off("hold") {
         f.stall_p = 0.0;
+    }
+    if off("late") {
+        f.late_p = 0.0;
     }
     if off("reset") {
         f.reset_p = 0.0;
@@ -209,6 +223,111 @@ async fn short_run() {
     verdict(&fenced, &control);
 }
 
+/// Proof that the harness tests the ordering barrier (CONTRACT §4), not only
+/// the check: two fencegates in front of Garage, each behind a hop that
+/// delivers some requests up to 2 s late, one of them started with
+/// `FENCEGATE_UNSAFE_UNORDERED=1` (forward right after the check). Lock
+/// holders lose their lease often, mid-write, so a new holder's read and
+/// write race the old holder's late write. Through the unordered fencegate
+/// the late write lands after the new holder's and the checker must see it;
+/// through the ordered one the new holder waits, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_off_is_caught() {
+    let seed = seed();
+    let secs = env_u64("TORTURE_SECS").unwrap_or(40);
+    let writers = env_u64("TORTURE_WRITERS").unwrap_or(8) as u32;
+    let etcd = Etcd::start();
+    let garage = Garage::start();
+    let garage_addr = garage
+        .endpoint
+        .strip_prefix("http://")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let late = FaultConfig {
+        late_p: 0.05,
+        late_ms: (300, 2_000),
+        ..FaultConfig::none()
+    };
+    let backend = |hop: &Hop| Backend::Garage {
+        endpoint: hop.endpoint(),
+        access_key: garage.key_id.clone(),
+        secret_key: garage.secret.clone(),
+    };
+    let rules =
+        shared_rules("demo", "ordered/", MULTIS) + &shared_rules("demo", "unordered/", MULTIS);
+    let ordered_hop = Hop::start(garage_addr, late.clone(), seed ^ 2).await;
+    let ordered = Fencegate::start(backend(&ordered_hop), &rules);
+    let unordered_hop = Hop::start(garage_addr, late, seed ^ 3).await;
+    let unordered = Fencegate::start_env(
+        backend(&unordered_hop),
+        "",
+        &rules,
+        &[("FENCEGATE_UNSAFE_UNORDERED", "1")],
+    );
+    assert!(
+        unordered.logs().contains("ordering barrier is OFF"),
+        "the debug switch was not taken: {}",
+        unordered.logs()
+    );
+    // No writer stalls (they would let the check alone catch the old
+    // holder); frequent lease loss, 0-0.8 s into a session.
+    let faults = WriterFaults {
+        stall_p: 0.0,
+        session_loss_p: 0.5,
+        ttl_s: (1, 3),
+    };
+    let start = Instant::now();
+    let client = |fg: &Fencegate| s3_client(&fg.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1");
+    let arms = [
+        arm(
+            "ordered",
+            "ordered/",
+            client(&ordered),
+            &etcd,
+            writers,
+            faults.clone(),
+            seed,
+            start,
+        ),
+        arm(
+            "unordered",
+            "unordered/",
+            client(&unordered),
+            &etcd,
+            writers,
+            faults,
+            seed ^ 1,
+            start,
+        ),
+    ];
+    let budget = Budget {
+        secs,
+        ops: u64::MAX,
+    };
+    drive(&arms, budget, None, seed).await;
+    println!(
+        "barrier run: {}s\n  ordered hop: {}\n  unordered hop: {}",
+        start.elapsed().as_secs(),
+        ordered_hop.stats.summary(),
+        unordered_hop.stats.summary()
+    );
+    let reader = s3_client(&garage.endpoint, &garage.key_id, &garage.secret, "garage");
+    let with = judge(&arms[0], &reader, "barrier-history").await;
+    let without = judge(&arms[1], &reader, "barrier-history").await;
+    assert!(
+        with.violations.is_empty(),
+        "{} violation(s) through fencegate with its barrier on: {:#?}",
+        with.violations.len(),
+        &with.violations[..with.violations.len().min(20)]
+    );
+    assert!(
+        !without.violations.is_empty(),
+        "INCONCLUSIVE: with the ordering barrier off and late requests, the harness found \
+         no violation, so it does not show that it tests the barrier"
+    );
+}
+
 /// The long run against Garage (scripts/torture). Settings: TORTURE_OPS
 /// (requests of the fencegate arm, default 10000), TORTURE_WRITERS (per arm,
 /// default 8), TORTURE_SEED, TORTURE_MAX_SECS (default 3600), TORTURE_OFF.
@@ -234,6 +353,7 @@ async fn long_run() {
         stall_p: 0.01,
         stall_ms: (1_000, 5_000),
         reset_p: 0.005,
+        ..FaultConfig::none()
     });
     let back = Hop::start(garage_addr, network.clone(), seed ^ 2).await;
     let fg = Fencegate::start(

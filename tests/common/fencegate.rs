@@ -45,6 +45,7 @@ pub struct Fencegate {
     child: Child,
     config_path: PathBuf,
     log_path: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl Fencegate {
@@ -56,6 +57,21 @@ impl Fencegate {
 
     /// Like `start`, with `server_lines` added to the `[server]` table.
     pub fn start_with(backend: Backend, server_lines: &str, extra: &str) -> Fencegate {
+        Self::start_env(backend, server_lines, extra, &[])
+    }
+
+    /// Like `start_with`, with extra environment variables for the process
+    /// (kept across `kill9_and_restart`).
+    pub fn start_env(
+        backend: Backend,
+        server_lines: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Fencegate {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let dir = tempfile::tempdir().expect("tempdir");
         let backend_toml = match &backend {
             Backend::Embedded => "[backend]\nkind = \"embedded\"\n".to_string(),
@@ -95,7 +111,7 @@ impl Fencegate {
         let config_path = dir.path().join("fencegate.toml");
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("fencegate.log");
-        let (child, s3, admin) = spawn(&config_path, &log_path);
+        let (child, s3, admin) = spawn(&config_path, &log_path, &env);
         Fencegate {
             s3,
             admin,
@@ -103,6 +119,7 @@ impl Fencegate {
             child,
             config_path,
             log_path,
+            env,
         }
     }
 
@@ -133,7 +150,7 @@ impl Fencegate {
     pub fn kill9_and_restart(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        let (child, s3, admin) = spawn(&self.config_path, &self.log_path);
+        let (child, s3, admin) = spawn(&self.config_path, &self.log_path, &self.env);
         self.child = child;
         self.s3 = s3;
         self.admin = admin;
@@ -154,7 +171,11 @@ fn unsafe_kill(pid: u32, sig: &str) {
         .unwrap();
 }
 
-fn spawn(config: &PathBuf, log: &PathBuf) -> (Child, SocketAddr, SocketAddr) {
+fn spawn(
+    config: &PathBuf,
+    log: &PathBuf,
+    env: &[(String, String)],
+) -> (Child, SocketAddr, SocketAddr) {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -164,6 +185,7 @@ fn spawn(config: &PathBuf, log: &PathBuf) -> (Child, SocketAddr, SocketAddr) {
         .arg("--config")
         .arg(config)
         .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(log_file)
         .spawn()

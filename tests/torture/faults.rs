@@ -9,6 +9,10 @@
 //! - **stall**: a chunk of the answer (backend to client) is held for
 //!   `stall_ms` with probability `stall_p`. The request has reached the
 //!   backend whole and was acted on; only the client does not know yet;
+//! - **late**: a chunk of a request (client to backend) is held for
+//!   `late_ms` with probability `late_p` before the backend sees it: a write
+//!   sent earlier can reach the backend after one sent later, which is the
+//!   race fencegate's ordering barrier closes (CONTRACT §4);
 //! - **reset**: each chunk of a request is, with probability `reset_p`, cut
 //!   at a random byte and the connection reset (RST) both ways: often in the
 //!   middle of a body, sometimes between requests. Each chunk of an answer
@@ -42,6 +46,9 @@ pub struct FaultConfig {
     /// Probability that an answer chunk is held; 0: off.
     pub stall_p: f64,
     pub stall_ms: (u64, u64),
+    /// Probability that a request chunk is held; 0: off.
+    pub late_p: f64,
+    pub late_ms: (u64, u64),
     /// Probability, per request chunk, of a reset (a quarter of it per
     /// answer chunk); 0: off.
     pub reset_p: f64,
@@ -58,6 +65,7 @@ pub struct HopStats {
     pub connections: AtomicU64,
     pub delayed_chunks: AtomicU64,
     pub stalls: AtomicU64,
+    pub late_requests: AtomicU64,
     pub resets: AtomicU64,
     /// Connections whose client went away while the hop still held
     /// request bytes (dropped, backend side reset).
@@ -68,10 +76,11 @@ impl HopStats {
     pub fn summary(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "connections={} delayed_chunks={} stalls={} resets={} dropped_on_client_loss={}",
+            "connections={} delayed_chunks={} stalls={} late_requests={} resets={} dropped_on_client_loss={}",
             g(&self.connections),
             g(&self.delayed_chunks),
             g(&self.stalls),
+            g(&self.late_requests),
             g(&self.resets),
             g(&self.dropped_on_client_loss)
         )
@@ -182,9 +191,16 @@ async fn serve(
         let gone = || *gone_rx.borrow();
         let mut gone_wait = gone_rx.clone();
         while let Some(chunk) = rx.recv().await {
-            if f.delay_max_ms > 0 {
-                let d = rng.random_range(0..=f.delay_max_ms);
+            let wait = if f.late_p > 0.0 && rng.random_bool(f.late_p) {
+                stats.late_requests.fetch_add(1, Ordering::Relaxed);
+                Some(rng.random_range(f.late_ms.0..=f.late_ms.1))
+            } else if f.delay_max_ms > 0 {
                 stats.delayed_chunks.fetch_add(1, Ordering::Relaxed);
+                Some(rng.random_range(0..=f.delay_max_ms))
+            } else {
+                None
+            };
+            if let Some(d) = wait {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(d)) => {}
                     _ = gone_wait.wait_for(|g| *g) => {}
