@@ -32,6 +32,9 @@ pub enum Command {
     /// Exits with the command's status, 69 if the lock could not be taken,
     /// 75 if it was lost while the command ran (the command is then stopped).
     Lock(LockArgs),
+    /// Load generator (SigV4 PUT/GET at a size and concurrency, latency
+    /// percentiles), or `bench sink`, an in-memory S3 that discards.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //! object storage. See README.md and CONTRACT.md for what it guarantees.
 
 pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod fence;

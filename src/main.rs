@@ -12,6 +12,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
         Some(Command::Fences(f)) => fences(f, cli.serve),
         Some(Command::Lock(l)) => lock(l),
+        Some(Command::Bench(b)) => bench(b),
         None => serve(cli.serve),
     }
 }
@@ -106,6 +107,42 @@ fn lock(a: LockArgs) -> ExitCode {
         .expect("runtime");
     let code = rt.block_on(helper::run(spec, a.command));
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn bench(b: fencegate::bench::BenchArgs) -> ExitCode {
+    use fencegate::bench::{BenchCommand, load, sink};
+    let threads = match &b.command {
+        Some(BenchCommand::Sink(_)) => 2,
+        None => b.load.threads.max(1),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = match b.command {
+        Some(BenchCommand::Sink(s)) => rt.block_on(sink::run(s)).map_err(|e| e.to_string()),
+        None => {
+            let json = b.load.json;
+            rt.block_on(load::run(b.load)).and_then(|report| {
+                eprintln!("{}", report.human());
+                if json {
+                    println!("{}", report.json());
+                }
+                match report.tally.ok {
+                    0 => Err("no request succeeded".into()),
+                    _ => Ok(()),
+                }
+            })
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fencegate bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Flags given after `serve` win over those given before it.

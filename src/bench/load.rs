@@ -1,0 +1,426 @@
+//! The load generator: `concurrency` workers, each a loop of SigV4-signed
+//! requests on one keep-alive connection, timed from the first byte sent to
+//! the last byte of the answer read. It must not be the bottleneck, so the
+//! per-request work is small: the body is slices of one generated block, its
+//! SHA-256 is computed once, the signing key once a day, the date once a
+//! second; a request costs one canonical string, one SHA-256 and one HMAC.
+//! Bodies above `--sha256-limit` go as UNSIGNED-PAYLOAD and stream, so memory
+//! stays flat at 2 GiB.
+
+use super::GenBody;
+use super::report::{Report, Tally};
+use crate::s3::auth::{self, Signing};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use http::{HeaderValue, Method, Request, Uri};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Op {
+    Put,
+    Get,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// S3 endpoint, e.g. http://127.0.0.1:9000 (path-style addressing).
+    #[arg(long, required = true)]
+    pub endpoint: Option<String>,
+    #[arg(long, default_value = "bench")]
+    pub bucket: String,
+    #[arg(long, value_enum, default_value = "put")]
+    pub op: Op,
+    /// Object size: bytes, or with KiB, MiB, GiB.
+    #[arg(long, default_value = "4KiB", value_parser = super::parse_size)]
+    pub size: u64,
+    /// Requests in flight at once (one connection each).
+    #[arg(short, long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Run for this many seconds (the default, 10, unless --requests is given).
+    #[arg(long, conflicts_with = "requests")]
+    pub duration: Option<f64>,
+    /// Send this many requests in all, then stop.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Fencing token sent in the token header on every request.
+    #[arg(long)]
+    pub token: Option<u64>,
+    #[arg(long, default_value = "x-fencing-token")]
+    pub token_header: String,
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", default_value = "fencegate-demo")]
+    pub access_key: String,
+    #[arg(
+        long,
+        env = "AWS_SECRET_ACCESS_KEY",
+        default_value = "fencegate-demo-secret-key",
+        hide_env_values = true
+    )]
+    pub secret_key: String,
+    #[arg(long, env = "AWS_DEFAULT_REGION", default_value = "us-east-1")]
+    pub region: String,
+    /// Objects up to this size are signed with their SHA-256; larger ones
+    /// go as UNSIGNED-PAYLOAD.
+    #[arg(long, default_value = "16MiB", value_parser = super::parse_size)]
+    pub sha256_limit: u64,
+    /// Keys are PREFIX/<size>/w<worker>: each worker rewrites its own key.
+    #[arg(long, default_value = "bench")]
+    pub key_prefix: String,
+    /// Send CreateBucket first (an error answer is ignored).
+    #[arg(long)]
+    pub create_bucket: bool,
+    /// Runtime worker threads of the generator.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Print the JSON line on stdout (the human line goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// KEY=VALUE added to the JSON line (repeatable), e.g. path=fencegate.
+    #[arg(long = "tag", value_parser = parse_tag)]
+    pub tags: Vec<(String, String)>,
+}
+
+fn parse_tag(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// `YYYYMMDDTHHMMSSZ` for a Unix time in seconds.
+pub fn amz_date(unix: u64) -> String {
+    // Civil date from days (Howard Hinnant's algorithm).
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// Signs requests of one worker: the signing key is derived once per day,
+/// the date string once per second.
+struct Signer {
+    access_key: String,
+    secret_key: String,
+    region: String,
+    host: String,
+    second: u64,
+    signing: Option<Signing>,
+}
+
+impl Signer {
+    /// The `x-amz-date` and `Authorization` values for a request.
+    fn sign(&mut self, method: &str, path: &str, content_sha: &str) -> (String, String) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if self.signing.is_none() || self.second != now {
+            let date = amz_date(now);
+            let day = &date[..8];
+            let reuse_key = self
+                .signing
+                .as_ref()
+                .filter(|s| s.scope.starts_with(day))
+                .map(|s| s.key);
+            let key = reuse_key.unwrap_or_else(|| {
+                auth::signing_key(&self.secret_key, day, &self.region, "s3")
+            });
+            self.signing = Some(Signing {
+                key,
+                scope: format!("{day}/{}/s3/aws4_request", self.region),
+                amz_date: date,
+                seed_signature: String::new(),
+            });
+            self.second = now;
+        }
+        let s = self.signing.as_ref().expect("set above");
+        let canonical = format!(
+            "{method}\n{path}\n\nhost:{}\nx-amz-content-sha256:{content_sha}\nx-amz-date:{}\n\n\
+             host;x-amz-content-sha256;x-amz-date\n{content_sha}",
+            self.host, s.amz_date
+        );
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n{}\n{}\n{}",
+            s.amz_date,
+            s.scope,
+            auth::sha256_hex(canonical.as_bytes())
+        );
+        let authorization = format!(
+            "AWS4-HMAC-SHA256 Credential={}/{},SignedHeaders=host;x-amz-content-sha256;x-amz-date,Signature={}",
+            self.access_key,
+            s.scope,
+            s.sign(&to_sign)
+        );
+        (s.amz_date.clone(), authorization)
+    }
+}
+
+type HttpClient = Client<HttpConnector, GenBody>;
+
+/// What every worker shares.
+struct Plan {
+    client: HttpClient,
+    base: String,
+    args: LoadArgs,
+    block: Bytes,
+    /// The PUT body's content hash (hex), or UNSIGNED-PAYLOAD.
+    put_sha: String,
+    /// Set when the timed part starts (after a GET run's uploads).
+    deadline: OnceLock<Instant>,
+    remaining: AtomicU64,
+}
+
+/// Runs the load described by `args` and reports what it measured.
+pub async fn run(args: LoadArgs) -> Result<Report, String> {
+    let endpoint = args.endpoint.clone().unwrap_or_default();
+    let uri: Uri = endpoint
+        .parse()
+        .map_err(|e| format!("--endpoint {endpoint:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!("--endpoint {endpoint:?} must be http://host:port"));
+    }
+    let block = super::pattern_block();
+    let payload = if args.op == Op::Put && args.size <= args.sha256_limit {
+        "sha256"
+    } else {
+        "unsigned"
+    };
+    let put_sha = if payload == "sha256" {
+        let mut h = <sha2::Sha256 as sha2::Digest>::new();
+        let mut body = GenBody::new(args.size, &block);
+        while let Some(Ok(f)) = body.frame().await {
+            sha2::Digest::update(&mut h, f.data_ref().expect("data frames"));
+        }
+        hex::encode(sha2::Digest::finalize(h))
+    } else {
+        "UNSIGNED-PAYLOAD".to_string()
+    };
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(usize::MAX)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector);
+    let concurrency = args.concurrency.max(1);
+    let plan = Arc::new(Plan {
+        client,
+        base: format!("http://{}", uri.authority().expect("checked")),
+        deadline: OnceLock::new(),
+        remaining: AtomicU64::new(args.requests.unwrap_or(u64::MAX)),
+        args,
+        block,
+        put_sha,
+    });
+    if plan.args.create_bucket {
+        let mut w = Worker::new(&plan, usize::MAX);
+        let path = format!("/{}", plan.args.bucket);
+        let _ = w.send(Method::PUT, &path, 0, EMPTY_SHA256).await;
+    }
+    if plan.args.op == Op::Get {
+        // Every worker's object must exist before GETs are timed.
+        for i in 0..concurrency {
+            let mut w = Worker::new(&plan, i);
+            let key = w.key.clone();
+            match w.send(Method::PUT, &key, plan.args.size, "UNSIGNED-PAYLOAD").await {
+                Ok(200) => {}
+                Ok(s) => return Err(format!("setting up {}: status {s}", w.key)),
+                Err(e) => return Err(format!("setting up {}: {e}", w.key)),
+            }
+        }
+    }
+    let duration = match (plan.args.duration, plan.args.requests) {
+        (Some(d), _) => Some(d),
+        (None, None) => Some(10.0),
+        (None, Some(_)) => None,
+    };
+    if let Some(d) = duration {
+        let _ = plan.deadline.set(Instant::now() + Duration::from_secs_f64(d));
+    }
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|i| tokio::spawn(Worker::new(&plan, i).run()))
+        .collect();
+    let mut tally = Tally::default();
+    for w in workers {
+        tally.merge(w.await.map_err(|e| format!("worker failed: {e}"))?);
+    }
+    let elapsed = started.elapsed();
+    Ok(Report {
+        op: match plan.args.op {
+            Op::Put => "put",
+            Op::Get => "get",
+        },
+        size: plan.args.size,
+        concurrency,
+        payload,
+        elapsed,
+        tally,
+        tags: plan.args.tags.clone(),
+    })
+}
+
+impl Plan {
+    /// Takes one request from the budget; false when the run is over.
+    fn take(&self) -> bool {
+        if let Some(d) = self.deadline.get()
+            && Instant::now() >= *d
+        {
+            return false;
+        }
+        self.remaining
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+struct Worker {
+    plan: Arc<Plan>,
+    signer: Signer,
+    key: String,
+    token: Option<HeaderValue>,
+}
+
+impl Worker {
+    fn new(plan: &Arc<Plan>, i: usize) -> Worker {
+        let a = &plan.args;
+        let key = format!(
+            "/{}/{}/{}/w{i}",
+            a.bucket,
+            a.key_prefix,
+            super::size_name(a.size)
+        );
+        Worker {
+            plan: plan.clone(),
+            signer: Signer {
+                access_key: a.access_key.clone(),
+                secret_key: a.secret_key.clone(),
+                region: a.region.clone(),
+                host: plan.base.trim_start_matches("http://").to_string(),
+                second: 0,
+                signing: None,
+            },
+            key: auth::canonical_uri(&key),
+            token: a.token.map(HeaderValue::from),
+        }
+    }
+
+    async fn run(mut self) -> Tally {
+        let mut tally = Tally::default();
+        let (method, size, sha) = match self.plan.args.op {
+            Op::Put => (Method::PUT, self.plan.args.size, self.plan.put_sha.clone()),
+            Op::Get => (Method::GET, 0, EMPTY_SHA256.to_string()),
+        };
+        let key = self.key.clone();
+        while self.plan.take() {
+            let t0 = Instant::now();
+            match self.send(method.clone(), &key, size, &sha).await {
+                Ok(s) if (200..300).contains(&s) => tally.record_ok(t0.elapsed()),
+                Ok(s) => tally.record_status(s, || format!("status {s} on {method} {key}")),
+                Err(e) => {
+                    tally.record_transport(e);
+                    // Do not spin on a dead endpoint.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        tally
+    }
+
+    /// One request; the answer's body is read to the end (and dropped) so
+    /// that the connection is reused. Returns the status.
+    async fn send(&mut self, method: Method, path: &str, len: u64, sha: &str) -> Result<u16, String> {
+        let (date, authorization) = self.signer.sign(method.as_str(), path, sha);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.plan.base))
+            .header(http::header::HOST, self.signer.host.as_str())
+            .header("x-amz-date", date)
+            .header("x-amz-content-sha256", sha)
+            .header(http::header::AUTHORIZATION, authorization);
+        if let Some(t) = &self.token {
+            req = req.header(self.plan.args.token_header.as_str(), t.clone());
+        }
+        if len > 0 {
+            req = req.header(http::header::CONTENT_LENGTH, len);
+        }
+        let req = req
+            .body(GenBody::new(len, &self.plan.block))
+            .map_err(|e| e.to_string())?;
+        let resp = self
+            .plan
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        while let Some(frame) = body.frame().await {
+            frame.map_err(|e| format!("reading the answer: {e}"))?;
+        }
+        Ok(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amz_date_round_trips() {
+        for t in [0u64, 86_401, 951_782_400, 1_700_000_000, 4_102_444_799] {
+            let s = amz_date(t);
+            let back = auth::parse_amz_date(&s).unwrap();
+            assert_eq!(back.duration_since(UNIX_EPOCH).unwrap().as_secs(), t, "{s}");
+        }
+        assert_eq!(amz_date(1_369_353_600), "20130524T000000Z");
+    }
+
+    #[test]
+    fn signatures_verify_with_fencegate_verifier() {
+        let mut s = Signer {
+            access_key: "AK".into(),
+            secret_key: "SK".into(),
+            region: "us-east-1".into(),
+            host: "127.0.0.1:9000".into(),
+            second: 0,
+            signing: None,
+        };
+        let (date, authz) = s.sign("PUT", "/b/k", EMPTY_SHA256);
+        let mut h = http::HeaderMap::new();
+        h.insert("host", "127.0.0.1:9000".parse().unwrap());
+        h.insert("x-amz-date", date.parse().unwrap());
+        h.insert("x-amz-content-sha256", EMPTY_SHA256.parse().unwrap());
+        h.insert("authorization", authz.parse().unwrap());
+        let creds = auth::Credentials::new(&[crate::config::Credential {
+            access_key_id: "AK".into(),
+            secret_access_key: "SK".into(),
+            buckets: vec!["*".into()],
+            bucket_admin: false,
+        }]);
+        let head = auth::Head {
+            method: "PUT",
+            raw_path: "/b/k",
+            query: &[],
+            headers: &h,
+        };
+        auth::verify(&head, &creds, "us-east-1", SystemTime::now()).unwrap();
+    }
+}
