@@ -46,7 +46,14 @@ impl Drop for Sink {
 /// Runs the generator; returns (exit success, the JSON line).
 fn bench(endpoint: &str, args: &[&str]) -> (bool, serde_json::Value) {
     let out = Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(["bench", "--endpoint", endpoint, "--bucket", "demo", "--json"])
+        .args([
+            "bench",
+            "--endpoint",
+            endpoint,
+            "--bucket",
+            "demo",
+            "--json",
+        ])
         .args(args)
         .output()
         .unwrap();
@@ -75,14 +82,32 @@ fn load_through_fencegate_to_the_sink() {
 
     let (ok, j) = bench(
         &ep,
-        &["--size", "4KiB", "-c", "4", "--requests", "40", "--token", "5"],
+        &[
+            "--size",
+            "4KiB",
+            "-c",
+            "4",
+            "--requests",
+            "40",
+            "--token",
+            "5",
+        ],
     );
     assert!(ok, "{j}");
     assert_eq!(j["ok"], 40, "{j}");
     assert_eq!(j["errors"], 0, "{j}");
     for field in [
-        "op", "size", "concurrency", "payload", "elapsed_s", "req_per_s", "mib_per_s", "p50_ms",
-        "p90_ms", "p99_ms", "p999_ms",
+        "op",
+        "size",
+        "concurrency",
+        "payload",
+        "elapsed_s",
+        "req_per_s",
+        "mib_per_s",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
     ] {
         assert!(!j[field].is_null(), "{field} missing in {j}");
     }
@@ -93,8 +118,18 @@ fn load_through_fencegate_to_the_sink() {
     let (ok, j) = bench(
         &ep,
         &[
-            "--op", "get", "--size", "1MiB", "-c", "2", "--requests", "6", "--token", "5",
-            "--sha256-limit", "0",
+            "--op",
+            "get",
+            "--size",
+            "1MiB",
+            "-c",
+            "2",
+            "--requests",
+            "6",
+            "--token",
+            "5",
+            "--sha256-limit",
+            "0",
         ],
     );
     assert!(ok, "{j}");
@@ -103,13 +138,31 @@ fn load_through_fencegate_to_the_sink() {
     // A newer holder's write (token 9) on the first worker's key...
     let (ok, _) = bench(
         &ep,
-        &["--size", "4KiB", "-c", "1", "--requests", "1", "--token", "9"],
+        &[
+            "--size",
+            "4KiB",
+            "-c",
+            "1",
+            "--requests",
+            "1",
+            "--token",
+            "9",
+        ],
     );
     assert!(ok);
     // ...fences off token 5: every request is counted as a 409, none as done.
     let (ok, j) = bench(
         &ep,
-        &["--size", "4KiB", "-c", "1", "--requests", "12", "--token", "5"],
+        &[
+            "--size",
+            "4KiB",
+            "-c",
+            "1",
+            "--requests",
+            "12",
+            "--token",
+            "5",
+        ],
     );
     assert!(!ok, "a run with no success exits non-zero: {j}");
     assert_eq!(j["ok"], 0, "{j}");

@@ -16,8 +16,8 @@ use http::{HeaderValue, Method, Request, Uri};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -140,9 +140,8 @@ impl Signer {
                 .as_ref()
                 .filter(|s| s.scope.starts_with(day))
                 .map(|s| s.key);
-            let key = reuse_key.unwrap_or_else(|| {
-                auth::signing_key(&self.secret_key, day, &self.region, "s3")
-            });
+            let key = reuse_key
+                .unwrap_or_else(|| auth::signing_key(&self.secret_key, day, &self.region, "s3"));
             self.signing = Some(Signing {
                 key,
                 scope: format!("{day}/{}/s3/aws4_request", self.region),
@@ -239,7 +238,10 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         for i in 0..concurrency {
             let mut w = Worker::new(&plan, i);
             let key = w.key.clone();
-            match w.send(Method::PUT, &key, plan.args.size, "UNSIGNED-PAYLOAD").await {
+            match w
+                .send(Method::PUT, &key, plan.args.size, "UNSIGNED-PAYLOAD")
+                .await
+            {
                 Ok(200) => {}
                 Ok(s) => return Err(format!("setting up {}: status {s}", w.key)),
                 Err(e) => return Err(format!("setting up {}: {e}", w.key)),
@@ -252,7 +254,9 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         (None, Some(_)) => None,
     };
     if let Some(d) = duration {
-        let _ = plan.deadline.set(Instant::now() + Duration::from_secs_f64(d));
+        let _ = plan
+            .deadline
+            .set(Instant::now() + Duration::from_secs_f64(d));
     }
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
@@ -346,7 +350,13 @@ impl Worker {
 
     /// One request; the answer's body is read to the end (and dropped) so
     /// that the connection is reused. Returns the status.
-    async fn send(&mut self, method: Method, path: &str, len: u64, sha: &str) -> Result<u16, String> {
+    async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        len: u64,
+        sha: &str,
+    ) -> Result<u16, String> {
         let (date, authorization) = self.signer.sign(method.as_str(), path, sha);
         let mut req = Request::builder()
             .method(method)

@@ -48,7 +48,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "G" | "GiB" => 1 << 30,
         u => return Err(format!("unknown size unit {u:?} (use KiB, MiB, GiB)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too big"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too big"))
 }
 
 /// A size as the report prints it: `4KiB`, `1MiB`, `256MiB`, or bytes.

@@ -48,7 +48,9 @@ impl Tally {
     }
 
     pub fn merge(&mut self, other: Tally) {
-        self.latency.add(&other.latency).expect("same histogram bounds");
+        self.latency
+            .add(&other.latency)
+            .expect("same histogram bounds");
         self.ok += other.ok;
         for (s, n) in other.statuses {
             *self.statuses.entry(s).or_default() += n;
