@@ -265,45 +265,61 @@ impl Gate {
     ) -> Result<Option<Permit>, Refusal> {
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token).await?;
+        // The common case (nothing older in flight) admits at once, without
+        // reading the clock or arming a wake-up.
+        if let Some(done) = self.try_admit(&slot, token, kind) {
+            return done;
+        }
         let deadline = tokio::time::Instant::now() + self.wait_bound;
         loop {
             let notified = slot.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let mut st = slot.lock();
-                if let Some(h) = st.highest
-                    && token < h
-                {
-                    return Err(Refusal::Stale { token, highest: h });
-                }
-                let older_in_flight = self.ordered && st.inflight.iter().any(|e| e.token < token);
-                if !older_in_flight {
-                    if kind == Kind::Read {
-                        return Ok(None);
-                    }
-                    let id = st.next_id;
-                    st.next_id += 1;
-                    let abort = Arc::new(AbortSignal::default());
-                    metrics::gauge!(m::INFLIGHT_WRITES).increment(1.0);
-                    st.inflight.push(Entry {
-                        id,
-                        token,
-                        phase: Phase::Streaming,
-                        abort: abort.clone(),
-                    });
-                    return Ok(Some(Permit {
-                        slot: slot.clone(),
-                        id,
-                        token,
-                        abort,
-                    }));
-                }
+            if let Some(done) = self.try_admit(&slot, token, kind) {
+                return done;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return Err(Refusal::Busy);
             }
         }
+    }
+
+    /// One admission attempt under the slot's lock: refused, admitted, or
+    /// `None` when an older write is still in flight and the caller waits.
+    fn try_admit(
+        &self,
+        slot: &Arc<Slot>,
+        token: u64,
+        kind: Kind,
+    ) -> Option<Result<Option<Permit>, Refusal>> {
+        let mut st = slot.lock();
+        if let Some(h) = st.highest
+            && token < h
+        {
+            return Some(Err(Refusal::Stale { token, highest: h }));
+        }
+        if self.ordered && st.inflight.iter().any(|e| e.token < token) {
+            return None;
+        }
+        if kind == Kind::Read {
+            return Some(Ok(None));
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let abort = Arc::new(AbortSignal::default());
+        metrics::gauge!(m::INFLIGHT_WRITES).increment(1.0);
+        st.inflight.push(Entry {
+            id,
+            token,
+            phase: Phase::Streaming,
+            abort: abort.clone(),
+        });
+        Some(Ok(Some(Permit {
+            slot: slot.clone(),
+            id,
+            token,
+            abort,
+        })))
     }
 }
 

@@ -10,7 +10,7 @@ use http::HeaderMap;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -89,7 +89,30 @@ impl Signing {
 /// The credential table, by access key id.
 #[derive(Default)]
 pub struct Credentials {
-    by_key: HashMap<String, Arc<Credential>>,
+    by_key: HashMap<String, Known>,
+}
+
+/// One credential and the signing key last derived for it. A client signs
+/// with one scope (day, region, service) for a whole day, so remembering the
+/// last key saves four HMACs on every request but the first of the day.
+struct Known {
+    credential: Arc<Credential>,
+    last_key: Mutex<Option<(String, [u8; 32])>>,
+}
+
+impl Known {
+    fn signing_key(&self, date: &str, region: &str, service: &str) -> [u8; 32] {
+        let scope = format!("{date}/{region}/{service}");
+        let mut last = self.last_key.lock().unwrap_or_else(|p| p.into_inner());
+        match &*last {
+            Some((s, key)) if *s == scope => *key,
+            _ => {
+                let key = signing_key(&self.credential.secret_access_key, date, region, service);
+                *last = Some((scope, key));
+                key
+            }
+        }
+    }
 }
 
 impl Credentials {
@@ -97,7 +120,13 @@ impl Credentials {
         Credentials {
             by_key: list
                 .iter()
-                .map(|c| (c.access_key_id.clone(), Arc::new(c.clone())))
+                .map(|c| {
+                    let known = Known {
+                        credential: Arc::new(c.clone()),
+                        last_key: Mutex::new(None),
+                    };
+                    (c.access_key_id.clone(), known)
+                })
                 .collect(),
         }
     }
@@ -383,11 +412,11 @@ pub fn verify(
     } else {
         header_claim(head, now)?
     };
-    let credential = creds
+    let known = creds
         .by_key
         .get(a.access_key)
-        .cloned()
         .ok_or(S3Error::InvalidAccessKeyId)?;
+    let credential = known.credential.clone();
     if a.region != region {
         return Err(S3Error::AuthorizationHeaderMalformed(format!(
             "the region {:?} is wrong; expecting {region:?}",
@@ -461,7 +490,7 @@ pub fn verify(
         sha256_hex(canonical.as_bytes())
     );
     let signing = Signing {
-        key: signing_key(&credential.secret_access_key, a.date, a.region, a.service),
+        key: known.signing_key(a.date, a.region, a.service),
         amz_date: amz_date.to_string(),
         scope,
         seed_signature: a.signature.to_string(),
@@ -527,6 +556,62 @@ mod tests {
         };
         assert!(matches!(
             verify(&head, &creds, "us-east-1", now),
+            Err(S3Error::SignatureDoesNotMatch)
+        ));
+    }
+
+    /// A minimal signed GET of /b/k at `amz_date` with `secret`.
+    fn signed_get(secret: &str, amz_date: &str, region: &str) -> HeaderMap {
+        let empty = sha256_hex(b"");
+        let canonical = format!(
+            "GET\n/b/k\n\nhost:h\nx-amz-content-sha256:{empty}\nx-amz-date:{amz_date}\n\n\
+             host;x-amz-content-sha256;x-amz-date\n{empty}"
+        );
+        let scope = format!("{}/{region}/s3/aws4_request", &amz_date[..8]);
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+            sha256_hex(canonical.as_bytes())
+        );
+        let key = signing_key(secret, &amz_date[..8], region, "s3");
+        let sig = hex::encode(hmac(&key, to_sign.as_bytes()));
+        let mut h = HeaderMap::new();
+        h.insert("host", "h".parse().unwrap());
+        h.insert("x-amz-date", amz_date.parse().unwrap());
+        h.insert("x-amz-content-sha256", empty.parse().unwrap());
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential=AK/{scope},\
+             SignedHeaders=host;x-amz-content-sha256;x-amz-date,Signature={sig}"
+        );
+        h.insert("authorization", auth.parse().unwrap());
+        h
+    }
+
+    // The signing key is remembered per credential; a request with another
+    // scope (the next day) must get its own key, and a remembered key must
+    // not make a wrong signature pass.
+    #[test]
+    fn remembered_signing_key_follows_the_scope() {
+        let creds = Credentials::new(&[Credential {
+            access_key_id: "AK".into(),
+            secret_access_key: "SK".into(),
+            buckets: vec!["*".into()],
+            bucket_admin: false,
+        }]);
+        let check = |h: &HeaderMap, at: &str| {
+            let head = Head {
+                method: "GET",
+                raw_path: "/b/k",
+                query: &[],
+                headers: h,
+            };
+            verify(&head, &creds, "r1", parse_amz_date(at).unwrap()).map(|_| ())
+        };
+        for at in ["20240101T235959Z", "20240102T000001Z", "20240101T235959Z"] {
+            check(&signed_get("SK", at, "r1"), at).unwrap_or_else(|e| panic!("{at}: {e:?}"));
+        }
+        let wrong = signed_get("not-SK", "20240101T235959Z", "r1");
+        assert!(matches!(
+            check(&wrong, "20240101T235959Z"),
             Err(S3Error::SignatureDoesNotMatch)
         ));
     }
