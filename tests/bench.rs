@@ -43,8 +43,9 @@ impl Drop for Sink {
     }
 }
 
-/// Runs the generator; returns (exit success, the JSON line).
-fn bench(endpoint: &str, args: &[&str]) -> (bool, serde_json::Value) {
+/// Runs the generator with `args` (split at spaces); returns (exit
+/// success, the JSON line).
+fn bench(endpoint: &str, args: &str) -> (bool, serde_json::Value) {
     let out = Command::new(env!("CARGO_BIN_EXE_fencegate"))
         .args([
             "bench",
@@ -54,7 +55,7 @@ fn bench(endpoint: &str, args: &[&str]) -> (bool, serde_json::Value) {
             "demo",
             "--json",
         ])
-        .args(args)
+        .args(args.split_whitespace())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -80,19 +81,7 @@ fn load_through_fencegate_to_the_sink() {
     );
     let ep = fg.endpoint();
 
-    let (ok, j) = bench(
-        &ep,
-        &[
-            "--size",
-            "4KiB",
-            "-c",
-            "4",
-            "--requests",
-            "40",
-            "--token",
-            "5",
-        ],
-    );
+    let (ok, j) = bench(&ep, "--size 4KiB -c 4 --requests 40 --token 5");
     assert!(ok, "{j}");
     assert_eq!(j["ok"], 40, "{j}");
     assert_eq!(j["errors"], 0, "{j}");
@@ -117,53 +106,16 @@ fn load_through_fencegate_to_the_sink() {
     // GETs of what was written, unsigned-payload PUT of a larger object.
     let (ok, j) = bench(
         &ep,
-        &[
-            "--op",
-            "get",
-            "--size",
-            "1MiB",
-            "-c",
-            "2",
-            "--requests",
-            "6",
-            "--token",
-            "5",
-            "--sha256-limit",
-            "0",
-        ],
+        "--op get --size 1MiB -c 2 --requests 6 --token 5 --sha256-limit 0",
     );
     assert!(ok, "{j}");
     assert_eq!(j["ok"], 6, "{j}");
 
     // A newer holder's write (token 9) on the first worker's key...
-    let (ok, _) = bench(
-        &ep,
-        &[
-            "--size",
-            "4KiB",
-            "-c",
-            "1",
-            "--requests",
-            "1",
-            "--token",
-            "9",
-        ],
-    );
+    let (ok, _) = bench(&ep, "--size 4KiB -c 1 --requests 1 --token 9");
     assert!(ok);
     // ...fences off token 5: every request is counted as a 409, none as done.
-    let (ok, j) = bench(
-        &ep,
-        &[
-            "--size",
-            "4KiB",
-            "-c",
-            "1",
-            "--requests",
-            "12",
-            "--token",
-            "5",
-        ],
-    );
+    let (ok, j) = bench(&ep, "--size 4KiB -c 1 --requests 12 --token 5");
     assert!(!ok, "a run with no success exits non-zero: {j}");
     assert_eq!(j["ok"], 0, "{j}");
     assert_eq!(j["errors"], 12, "{j}");

@@ -238,12 +238,7 @@ async fn barrier_off_is_caught() {
     let writers = env_u64("TORTURE_WRITERS").unwrap_or(8) as u32;
     let etcd = Etcd::start();
     let garage = Garage::start();
-    let garage_addr = garage
-        .endpoint
-        .strip_prefix("http://")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let garage_addr = socket_of(&garage);
     let late = FaultConfig {
         late_p: 0.05,
         late_ms: (300, 2_000),
@@ -312,7 +307,7 @@ async fn barrier_off_is_caught() {
         ordered_hop.stats.summary(),
         unordered_hop.stats.summary()
     );
-    let reader = s3_client(&garage.endpoint, &garage.key_id, &garage.secret, "garage");
+    let reader = garage_reader(&garage);
     let with = judge(&arms[0], &reader, "barrier-history").await;
     let without = judge(&arms[1], &reader, "barrier-history").await;
     assert!(
@@ -340,12 +335,7 @@ async fn long_run() {
     let max_secs = env_u64("TORTURE_MAX_SECS").unwrap_or(3600);
     let etcd = Etcd::start();
     let garage = Garage::start();
-    let garage_addr = garage
-        .endpoint
-        .strip_prefix("http://")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let garage_addr = socket_of(&garage);
     // Between fencegate and Garage (and between the control arm and
     // Garage): delays, answers held for up to 3 s, resets.
     let network = network_faults(FaultConfig {
@@ -418,7 +408,7 @@ async fn long_run() {
         control_hop.stats.summary()
     );
     // Both arms' final logs are read straight from Garage.
-    let reader = s3_client(&garage.endpoint, &garage.key_id, &garage.secret, "garage");
+    let reader = garage_reader(&garage);
     let fenced = judge(&arms[0], &reader, "history").await;
     let control = judge(&arms[1], &reader, "history").await;
     let summary = format!("seed={seed}\n{}\n{}\n", fenced.summary(), control.summary());
@@ -429,4 +419,15 @@ async fn long_run() {
         fenced.counts.ops
     );
     verdict(&fenced, &control);
+}
+
+/// Garage's S3 address, for a hop to forward to.
+fn socket_of(garage: &Garage) -> std::net::SocketAddr {
+    let addr = garage.endpoint.strip_prefix("http://").unwrap();
+    addr.parse().unwrap()
+}
+
+/// A client that reads the final logs straight from Garage.
+fn garage_reader(garage: &Garage) -> aws_sdk_s3::Client {
+    s3_client(&garage.endpoint, &garage.key_id, &garage.secret, "garage")
 }
