@@ -9,7 +9,7 @@
 
 use super::GenBody;
 use super::report::{Report, Tally};
-use crate::s3::auth::{self, Signing};
+use crate::s3::auth::{self, EMPTY_SHA256, Signing};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use http::{HeaderValue, Method, Request, Uri};
@@ -90,8 +90,6 @@ fn parse_tag(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
-const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-
 /// `YYYYMMDDTHHMMSSZ` for a Unix time in seconds.
 pub fn amz_date(unix: u64) -> String {
     // Civil date from days (Howard Hinnant's algorithm).
@@ -132,6 +130,17 @@ impl Signer {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        self.sign_at(now, method, path, content_sha)
+    }
+
+    /// The same, for a request made at `now` (Unix seconds).
+    fn sign_at(
+        &mut self,
+        now: u64,
+        method: &str,
+        path: &str,
+        content_sha: &str,
+    ) -> (String, String) {
         if self.signing.is_none() || self.second != now {
             let date = amz_date(now);
             let day = &date[..8];
@@ -403,34 +412,72 @@ mod tests {
         assert_eq!(amz_date(1_369_353_600), "20130524T000000Z");
     }
 
-    #[test]
-    fn signatures_verify_with_fencegate_verifier() {
-        let mut s = Signer {
+    fn signer(secret: &str) -> Signer {
+        Signer {
             access_key: "AK".into(),
-            secret_key: "SK".into(),
+            secret_key: secret.into(),
             region: "us-east-1".into(),
             host: "127.0.0.1:9000".into(),
             second: 0,
             signing: None,
-        };
-        let (date, authz) = s.sign("PUT", "/b/k", EMPTY_SHA256);
+        }
+    }
+
+    /// fencegate's verifier on a GET of /b/k signed as `(date, authorization)`.
+    fn verify_get(
+        creds: &auth::Credentials,
+        (date, authz): (String, String),
+        now: SystemTime,
+    ) -> Result<(), crate::s3::error::S3Error> {
         let mut h = http::HeaderMap::new();
         h.insert("host", "127.0.0.1:9000".parse().unwrap());
         h.insert("x-amz-date", date.parse().unwrap());
         h.insert("x-amz-content-sha256", EMPTY_SHA256.parse().unwrap());
         h.insert("authorization", authz.parse().unwrap());
-        let creds = auth::Credentials::new(&[crate::config::Credential {
-            access_key_id: "AK".into(),
-            secret_access_key: "SK".into(),
-            buckets: vec!["*".into()],
-            bucket_admin: false,
-        }]);
         let head = auth::Head {
-            method: "PUT",
+            method: "GET",
             raw_path: "/b/k",
             query: &[],
             headers: &h,
         };
-        auth::verify(&head, &creds, "us-east-1", SystemTime::now()).unwrap();
+        auth::verify(&head, creds, "us-east-1", now).map(|_| ())
+    }
+
+    fn credentials() -> auth::Credentials {
+        auth::Credentials::new(&[crate::config::Credential {
+            access_key_id: "AK".into(),
+            secret_access_key: "SK".into(),
+            buckets: vec!["*".into()],
+            bucket_admin: false,
+        }])
+    }
+
+    #[test]
+    fn signatures_verify_with_fencegate_verifier() {
+        let signed = signer("SK").sign("GET", "/b/k", EMPTY_SHA256);
+        verify_get(&credentials(), signed, SystemTime::now()).unwrap();
+    }
+
+    // The verifier remembers each credential's signing key for its scope
+    // (`Credentials` in s3/auth.rs): a request of the next day must get its
+    // own key, going back to the first day too, and a remembered key must
+    // not make a wrong signature pass.
+    #[test]
+    fn remembered_signing_key_follows_the_scope() {
+        let creds = credentials();
+        let day1 = 1_704_153_599; // 2024-01-01T23:59:59Z
+        let day2 = day1 + 2;
+        let mut s = signer("SK");
+        for at in [day1, day2, day1] {
+            let signed = s.sign_at(at, "GET", "/b/k", EMPTY_SHA256);
+            let now = UNIX_EPOCH + Duration::from_secs(at);
+            verify_get(&creds, signed, now).unwrap_or_else(|e| panic!("{at}: {e:?}"));
+        }
+        let wrong = signer("not-SK").sign_at(day1, "GET", "/b/k", EMPTY_SHA256);
+        let now = UNIX_EPOCH + Duration::from_secs(day1);
+        assert!(matches!(
+            verify_get(&creds, wrong, now),
+            Err(crate::s3::error::S3Error::SignatureDoesNotMatch)
+        ));
     }
 }

@@ -8,7 +8,7 @@
 //! is buffered); that is safe because the last bytes of a body are released
 //! upstream only after the whole body verified (see `body::commit_gate`).
 
-use super::auth::{Signing, same_signature, sha256_hex};
+use super::auth::{EMPTY_SHA256, Signing, same_signature, sha256_hex};
 use super::error::S3Error;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -17,7 +17,6 @@ use http_body::Frame;
 use sha2::{Digest, Sha256};
 use std::pin::Pin;
 
-const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 const MAX_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16;
 
