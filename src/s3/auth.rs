@@ -106,14 +106,15 @@ struct Known {
 }
 
 impl Known {
-    fn signing_key(&self, date: &str, region: &str, service: &str) -> [u8; 32] {
-        let scope = format!("{date}/{region}/{service}");
+    /// The key for `scope` (`date/region/service/aws4_request`, as the
+    /// request's credential names it).
+    fn signing_key(&self, scope: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
         let mut last = self.last_key.lock().unwrap_or_else(|p| p.into_inner());
         match &*last {
-            Some((s, key)) if *s == scope => *key,
+            Some((s, key)) if s == scope => *key,
             _ => {
                 let key = signing_key(&self.credential.secret_access_key, date, region, service);
-                *last = Some((scope, key));
+                *last = Some((scope.to_string(), key));
                 key
             }
         }
@@ -495,7 +496,7 @@ pub fn verify(
         sha256_hex(canonical.as_bytes())
     );
     let signing = Signing {
-        key: known.signing_key(a.date, a.region, a.service),
+        key: known.signing_key(&scope, a.date, a.region, a.service),
         amz_date: amz_date.to_string(),
         scope,
         seed_signature: a.signature.to_string(),
