@@ -92,6 +92,17 @@ pub struct FenceConfig {
     /// How long a newer request waits for older in-flight writes with a
     /// complete body before it is answered `503 SlowDown`.
     pub admission_wait_ms: u64,
+    /// A write whose answer was lost after the backend had its whole body
+    /// (timeout, broken connection) may still be applied. Its resource stays
+    /// closed to newer tokens this long: the longest the backend may take to
+    /// apply a request it already has.
+    pub quarantine_ms: u64,
+    /// Refuse a token in the `token_header` that the request's signature
+    /// does not cover (a presigned URL always refuses one).
+    pub require_signed_token: bool,
+    /// Resources whose fence is kept in memory; beyond this, idle ones are
+    /// dropped and read from the store again when next used.
+    pub max_cached_resources: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -245,6 +256,9 @@ impl Default for FenceConfig {
             token_query: "x-fencing-token".into(),
             stamp_metadata: "fencing-token".into(),
             admission_wait_ms: 10_000,
+            quarantine_ms: 30_000,
+            require_signed_token: true,
+            max_cached_resources: crate::fence::gate::DEFAULT_MAX_SLOTS,
         }
     }
 }
@@ -357,6 +371,9 @@ impl Config {
         }
         if self.fence.admission_wait_ms == 0 {
             return Err(err("fence.admission_wait_ms", "must be greater than 0"));
+        }
+        if self.fence.max_cached_resources == 0 {
+            return Err(err("fence.max_cached_resources", "must be greater than 0"));
         }
         match self.backend.kind {
             BackendKind::Embedded => {

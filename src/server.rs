@@ -27,9 +27,14 @@ pub struct StartError(pub String);
 async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
     match cfg.backend.kind {
         BackendKind::Embedded => {
-            embedded::start(&cfg.server.data_dir.join("objects"), &cfg.server.region)
-                .await
-                .map_err(StartError)
+            let dir = &cfg.server.data_dir;
+            embedded::start(
+                &dir.join("objects"),
+                &dir.join("embedded.key"),
+                &cfg.server.region,
+            )
+            .await
+            .map_err(StartError)
         }
         BackendKind::S3 => {
             let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -92,6 +97,7 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         ))
     })?;
     let mut gate = Gate::new(Arc::new(store), cfg.admission_wait());
+    gate.set_max_slots(cfg.fence.max_cached_resources);
     if std::env::var("FENCEGATE_UNSAFE_UNORDERED").as_deref() == Ok("1") {
         tracing::warn!("FENCEGATE_UNSAFE_UNORDERED=1: the ordering barrier is OFF (debug only)");
         gate.set_ordered(false);

@@ -29,6 +29,13 @@ pub const EAGER_UP: &str = "fencegate_eager_fencing_up";
 /// Fences raised because a lock holder lost its lock.
 pub const EAGER_RAISES: &str = "fencegate_eager_raises_total";
 
+/// Resources whose fence is cached in memory (idle ones are evicted).
+pub const CACHED_FENCES: &str = "fencegate_cached_fences";
+/// Writes whose outcome upstream is unknown (timeout or lost connection
+/// after a complete body): their resource was closed to newer tokens for
+/// `fence.quarantine_ms`.
+pub const QUARANTINES: &str = "fencegate_quarantines_total";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -61,10 +68,16 @@ pub fn install() -> Result<PrometheusHandle, String> {
         EAGER_RAISES,
         "fences raised because a lock holder lost its lock"
     );
+    describe_gauge!(CACHED_FENCES, "resources whose fence is cached in memory");
+    describe_counter!(
+        QUARANTINES,
+        "writes with an unknown outcome whose resource was held closed"
+    );
     // Publish the counters at zero so that a scrape sees them before the
     // first event.
     metrics::counter!(RAISES).absolute(0);
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);
     metrics::counter!(EAGER_RAISES).absolute(0);
+    metrics::counter!(QUARANTINES).absolute(0);
     Ok(handle)
 }

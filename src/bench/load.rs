@@ -113,12 +113,15 @@ pub fn amz_date(unix: u64) -> String {
 }
 
 /// Signs requests of one worker: the signing key is derived once per day,
-/// the date string once per second.
+/// the date string once per second. A token header is signed with the rest
+/// (fencegate refuses one the signature does not cover).
 struct Signer {
     access_key: String,
     secret_key: String,
     region: String,
     host: String,
+    /// `(lower-case name, value)` of the token header, if any.
+    token: Option<(String, String)>,
     second: u64,
     signing: Option<Signing>,
 }
@@ -160,11 +163,25 @@ impl Signer {
             self.second = now;
         }
         let s = self.signing.as_ref().expect("set above");
-        let canonical = format!(
-            "{method}\n{path}\n\nhost:{}\nx-amz-content-sha256:{content_sha}\nx-amz-date:{}\n\n\
-             host;x-amz-content-sha256;x-amz-date\n{content_sha}",
-            self.host, s.amz_date
-        );
+        let mut headers = vec![
+            ("host", self.host.as_str()),
+            ("x-amz-content-sha256", content_sha),
+            ("x-amz-date", s.amz_date.as_str()),
+        ];
+        if let Some((name, value)) = &self.token {
+            headers.push((name.as_str(), value.as_str()));
+        }
+        headers.sort_unstable();
+        let mut canonical = format!("{method}\n{path}\n\n");
+        for (name, value) in &headers {
+            canonical.push_str(&format!("{name}:{value}\n"));
+        }
+        let signed_headers = headers
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(";");
+        canonical.push_str(&format!("\n{signed_headers}\n{content_sha}"));
         let to_sign = format!(
             "AWS4-HMAC-SHA256\n{}\n{}\n{}",
             s.amz_date,
@@ -172,7 +189,7 @@ impl Signer {
             auth::sha256_hex(canonical.as_bytes())
         );
         let authorization = format!(
-            "AWS4-HMAC-SHA256 Credential={}/{},SignedHeaders=host;x-amz-content-sha256;x-amz-date,Signature={}",
+            "AWS4-HMAC-SHA256 Credential={}/{},SignedHeaders={signed_headers},Signature={}",
             self.access_key,
             s.scope,
             s.sign(&to_sign)
@@ -327,6 +344,9 @@ impl Worker {
                 secret_key: a.secret_key.clone(),
                 region: a.region.clone(),
                 host: plan.base.trim_start_matches("http://").to_string(),
+                token: a
+                    .token
+                    .map(|t| (a.token_header.to_ascii_lowercase(), t.to_string())),
                 second: 0,
                 signing: None,
             },
@@ -418,6 +438,7 @@ mod tests {
             secret_key: secret.into(),
             region: "us-east-1".into(),
             host: "127.0.0.1:9000".into(),
+            token: None,
             second: 0,
             signing: None,
         }

@@ -137,6 +137,15 @@ impl Permit {
         }
     }
 
+    /// Whether the backend was given the whole body: after that, a lost
+    /// answer does not mean the write did not happen.
+    pub fn body_was_complete(&self) -> bool {
+        let st = self.slot.lock();
+        st.inflight
+            .iter()
+            .any(|e| e.id == self.id && e.phase == Phase::BodyComplete)
+    }
+
     pub fn abort_signal(&self) -> Arc<AbortSignal> {
         self.abort.clone()
     }
@@ -163,12 +172,22 @@ impl Drop for Permit {
 }
 
 /// The fence table of every resource, in front of the durable store.
+///
+/// Slots are a cache: the store holds every fence, so a slot nobody is
+/// using (no write in flight, nobody admitting or loading) can be dropped
+/// and loaded again on demand. When more than `max_slots` are cached, the
+/// idle ones are dropped, which keeps memory bounded however many distinct
+/// resources are written.
 pub struct Gate {
     store: Arc<dyn FenceStore>,
     slots: DashMap<String, Arc<Slot>>,
     wait_bound: Duration,
+    max_slots: usize,
     ordered: bool,
 }
+
+/// Default for [`Gate::set_max_slots`].
+pub const DEFAULT_MAX_SLOTS: usize = 100_000;
 
 impl Gate {
     pub fn new(store: Arc<dyn FenceStore>, wait_bound: Duration) -> Gate {
@@ -176,8 +195,28 @@ impl Gate {
             store,
             slots: DashMap::new(),
             wait_bound,
+            max_slots: DEFAULT_MAX_SLOTS,
             ordered: true,
         }
+    }
+
+    /// How many resources' slots are cached before idle ones are dropped.
+    pub fn set_max_slots(&mut self, max: usize) {
+        self.max_slots = max.max(1);
+    }
+
+    /// Slots cached now (for tests and metrics).
+    pub fn cached_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Drops every idle slot. A slot is idle when the map holds its only
+    /// reference: a permit, a waiting admission and a load each hold one,
+    /// and a new reference can only be taken under the shard lock that
+    /// `retain` holds while it looks, so nothing is dropped in use.
+    fn evict_idle(&self) {
+        self.slots.retain(|_, s| Arc::strong_count(s) > 1);
+        metrics::gauge!(m::CACHED_FENCES).set(self.slots.len() as f64);
     }
 
     /// Debug switch: forward right after the check, without aborting or
@@ -193,7 +232,13 @@ impl Gate {
     async fn slot(&self, resource: &str) -> Result<Arc<Slot>, StoreError> {
         let slot = match self.slots.get(resource) {
             Some(s) => s.clone(),
-            None => self.slots.entry(resource.to_string()).or_default().clone(),
+            None => {
+                let slot = self.slots.entry(resource.to_string()).or_default().clone();
+                if self.slots.len() > self.max_slots {
+                    self.evict_idle();
+                }
+                slot
+            }
         };
         if !slot.lock().loaded {
             let _g = slot.raising.lock().await;
@@ -386,6 +431,35 @@ mod tests {
             g.admit("r", 33, Kind::Write).await,
             Err(Refusal::Stale { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn idle_slots_are_evicted_and_reload_their_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = gate(&dir, Duration::from_millis(100));
+        g.set_max_slots(10);
+        let busy = g.admit("busy", 5, Kind::Write).await.unwrap().unwrap();
+        for i in 0..100 {
+            drop(
+                g.admit(&format!("r{i}"), 10 + i, Kind::Write)
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(g.cached_slots() <= 11, "{} slots cached", g.cached_slots());
+        // Evicted fences come back from the store.
+        assert!(matches!(
+            g.admit("r0", 9, Kind::Write).await,
+            Err(Refusal::Stale { highest: 10, .. })
+        ));
+        // The slot with a write in flight was kept: a newer token still
+        // waits for it and aborts it.
+        let g = Arc::new(g);
+        let g2 = g.clone();
+        let newer = tokio::spawn(async move { g2.admit("busy", 6, Kind::Write).await });
+        busy.abort_signal().fired().await;
+        drop(busy);
+        assert!(newer.await.unwrap().unwrap().is_some());
     }
 
     #[tokio::test]

@@ -5,4 +5,3 @@ pub mod gate;
 pub mod resource;
 pub mod store;
 pub mod token;
-pub mod uploads;

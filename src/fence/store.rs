@@ -6,13 +6,19 @@
 //! touching the check in `gate.rs`.
 
 use futures_util::future::BoxFuture;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// resource → (highest token, unix millis when it last rose)
 const FENCES: TableDefinition<&str, (u64, u64)> = TableDefinition::new("fences");
+/// open multipart upload (`bucket/key\nuploadId`) → the token that created it
+const UPLOADS: TableDefinition<&str, u64> = TableDefinition::new("uploads");
+
+/// At most this many open uploads are remembered; beyond it, their parts
+/// must carry a token of their own (they get 428 otherwise, never a pass).
+pub const MAX_OPEN_UPLOADS: u64 = 100_000;
 
 /// One resource's recorded fence.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -43,12 +49,27 @@ pub trait FenceStore: Send + Sync + 'static {
         after: Option<&str>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>>;
+
+    /// Remembers, durably, the token that created multipart upload `upload`
+    /// (`bucket/key\nuploadId`), unless [`MAX_OPEN_UPLOADS`] are open.
+    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// The token that created `upload`, if it is remembered.
+    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>>;
+
+    /// Forgets `upload` (completed or aborted).
+    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
 /// The embedded store: one redb file, `fences.redb`, in the data directory.
 pub struct RedbStore {
     db: Arc<Database>,
 }
+
+/// redb's page cache. Fences are looked up once per resource and then kept
+/// by the gate, so a small cache does; memory stays bounded however many
+/// resources the file holds.
+const CACHE_BYTES: usize = 16 << 20;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -65,11 +86,27 @@ impl RedbStore {
     /// Opens or creates the store. Any problem with an existing file is an
     /// error for the caller to report; the file is never reset.
     pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
-        let db = Database::create(path)
+        // redb treats an empty file as a new database; for fencegate an
+        // existing empty store is a lost one (truncated, or its disk
+        // contents gone), and starting empty would admit stale writers.
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.len() == 0
+        {
+            return Err(StoreError(format!(
+                "{} exists but is empty: the fence store was truncated or lost. \
+                 Restore it from a backup, or remove it only if no stale writer can still write",
+                path.display()
+            )));
+        }
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
             .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
         // Make sure the table exists and is readable now, not on first use.
         let txn = db.begin_write().map_err(store_err)?;
         txn.open_table(FENCES)
+            .map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+        txn.open_table(UPLOADS)
             .map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
         txn.commit().map_err(store_err)?;
         let read = db.begin_read().map_err(store_err)?;
@@ -142,6 +179,35 @@ impl RedbStore {
     }
 }
 
+impl RedbStore {
+    fn record_upload_blocking(db: &Database, upload: &str, token: u64) -> Result<(), StoreError> {
+        let txn = db.begin_write().map_err(store_err)?;
+        {
+            let mut table = txn.open_table(UPLOADS).map_err(store_err)?;
+            if table.len().map_err(store_err)? >= MAX_OPEN_UPLOADS {
+                return Ok(());
+            }
+            table.insert(upload, token).map_err(store_err)?;
+        }
+        txn.commit().map_err(store_err)
+    }
+
+    fn upload_token_blocking(db: &Database, upload: &str) -> Result<Option<u64>, StoreError> {
+        let txn = db.begin_read().map_err(store_err)?;
+        let table = txn.open_table(UPLOADS).map_err(store_err)?;
+        Ok(table.get(upload).map_err(store_err)?.map(|v| v.value()))
+    }
+
+    fn forget_upload_blocking(db: &Database, upload: &str) -> Result<(), StoreError> {
+        let txn = db.begin_write().map_err(store_err)?;
+        txn.open_table(UPLOADS)
+            .map_err(store_err)?
+            .remove(upload)
+            .map_err(store_err)?;
+        txn.commit().map_err(store_err)
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
@@ -178,6 +244,23 @@ impl FenceStore for RedbStore {
             Self::list_blocking(&db, &prefix, after.as_deref(), limit)
         }))
     }
+
+    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (db, upload) = (self.db.clone(), upload.to_string());
+        Box::pin(blocking(move || {
+            Self::record_upload_blocking(&db, &upload, token)
+        }))
+    }
+
+    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+        let (db, upload) = (self.db.clone(), upload.to_string());
+        Box::pin(blocking(move || Self::upload_token_blocking(&db, &upload)))
+    }
+
+    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (db, upload) = (self.db.clone(), upload.to_string());
+        Box::pin(blocking(move || Self::forget_upload_blocking(&db, &upload)))
+    }
 }
 
 #[cfg(test)]
@@ -203,6 +286,33 @@ mod tests {
         let page = s.list("b/", Some("b/j"), 10).await.unwrap();
         assert_eq!(page.len(), 1);
         assert_eq!(page[0].resource, "b/k");
+    }
+
+    #[tokio::test]
+    async fn upload_tokens_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fences.redb");
+        {
+            let s = RedbStore::open(&path).unwrap();
+            s.record_upload("b/k\nu1", 7).await.unwrap();
+            s.record_upload("b/k\nu2", 8).await.unwrap();
+            s.forget_upload("b/k\nu2").await.unwrap();
+        }
+        let s = RedbStore::open(&path).unwrap();
+        assert_eq!(s.upload_token("b/k\nu1").await.unwrap(), Some(7));
+        assert_eq!(s.upload_token("b/k\nu2").await.unwrap(), None);
+    }
+
+    #[test]
+    fn empty_file_is_an_error_not_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fences.redb");
+        std::fs::write(&path, b"").unwrap();
+        let e = RedbStore::open(&path)
+            .err()
+            .expect("an empty store must not open");
+        assert!(e.0.contains("empty"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use super::Proxy;
 use crate::s3::error::S3Error;
-use crate::s3::op;
+use crate::s3::op::Operation;
 use crate::upstream::client::{Outgoing, UpstreamPayload};
 use http::{HeaderMap, Method};
 
@@ -26,6 +26,7 @@ impl Proxy {
         &self,
         out: &mut Outgoing,
         headers: &HeaderMap,
+        op: &Operation,
     ) -> Result<(), S3Error> {
         let directive = headers
             .get("x-amz-metadata-directive")
@@ -35,15 +36,16 @@ impl Proxy {
             // The client gives the metadata; the token is already stamped.
             return Ok(());
         }
-        let Some(source) = op::copy_source(headers) else {
+        let Some(src) = &op.copy_source else {
             return Ok(());
         };
-        let (bucket, key, version) = source?;
         let head = Outgoing {
             method: Method::HEAD,
-            bucket: Some(bucket),
-            key: Some(key),
-            query: version
+            bucket: Some(src.bucket.clone()),
+            key: Some(src.key.clone()),
+            query: src
+                .version_id
+                .clone()
                 .map(|v| vec![("versionId".into(), v)])
                 .unwrap_or_default(),
             headers: HeaderMap::new(),

@@ -1,20 +1,33 @@
-//! A request's life in fencegate, as named phases:
+//! A request's life in fencegate, as named phases over one [`RequestCtx`]
+//! (see [`Proxy::process`], which reads as the list below):
 //!
-//! 1. `authenticate`: SigV4 against fencegate's credential table;
-//! 2. `classify`: operation, bucket, key;
-//! 3. `authorize`: the credential may use the bucket (and administer it for
-//!    bucket-level writes);
-//! 4. `fence`: token from its carriers, resource from the rules, admission
-//!    through the gate (check, durable raise, ordering barrier);
-//! 5. `upstream_request`: the body pipeline (verify, hold back, re-encode)
-//!    and the headers the backend gets, token stamped;
-//! 6. `forward`: the upstream exchange, in a task of its own that keeps the
-//!    write's permit until the backend answered, even if the client leaves;
-//! 7. `respond`: the backend's response streamed back, or an S3 XML error.
+//! 1. `check_head`: size limit, query parsed once;
+//! 2. `authenticate`: SigV4 against fencegate's credential table;
+//! 3. `classify`: operation, bucket, key and copy source, each in the one
+//!    form that is fenced *and* forwarded (`s3::names`); keys a backend
+//!    would read as another object are refused here;
+//! 4. `authorize`: the credential may use the bucket, the copy source's
+//!    bucket, and administer the bucket for bucket-level writes;
+//! 5. `token`: the token from its carriers (signed ones only), or the one
+//!    that created the multipart upload the request belongs to;
+//! 6. `fence`: resource from the rules, admission through the gate (check,
+//!    durable raise, ordering barrier);
+//! 7. `upstream_request` (`outgoing.rs`): the body pipeline and the
+//!    headers the backend gets, token stamped; then the variations of
+//!    CopyObject (`copy.rs`) and DeleteObjects (`multi_delete.rs`);
+//! 8. `forward` (`forward.rs`): the upstream exchange in a task of its own
+//!    that keeps the write's permits until the backend's answer is complete,
+//!    even if the client leaves, and holds the resource closed for a
+//!    quarantine when that answer is lost after a complete body;
+//! 9. `respond`: the backend's answer streamed back (a limited credential's
+//!    bucket list filtered; an upload's token remembered).
 //!
-//! One log event per request is written at the end.
+//! Every phase returns `Result<_, S3Error>`; the one error exit in
+//! [`Proxy::handle`] renders it as S3 XML, and one log event per request is
+//! written there at the end.
 
 mod copy;
+mod forward;
 mod multi_delete;
 mod outgoing;
 
@@ -23,12 +36,14 @@ use crate::config::Config;
 use crate::fence::gate::{Gate, Kind, Permit};
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
-use crate::fence::uploads::{self, Uploads};
 use crate::s3::auth::{self, Credentials, Verified};
 use crate::s3::error::S3Error;
-use crate::s3::op::{self, Access, Operation};
+use crate::s3::names;
+use crate::s3::op::{self, Access, Op, Operation};
+use crate::s3::xml;
 use crate::upstream::client::{Upstream, clean_response_headers};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
@@ -48,19 +63,25 @@ pub struct Proxy {
     resolver: Resolver,
     carriers: Carriers,
     stamp_header: String,
+    require_signed_token: bool,
     gate: Arc<Gate>,
     upstream: Arc<Upstream>,
-    uploads: Uploads,
     max_header_bytes: usize,
     domains: Vec<String>,
     body_idle: Duration,
+    quarantine: Duration,
     next_id: AtomicU64,
     id_prefix: u32,
 }
 
-/// What the request log line says about a request.
-#[derive(Default)]
-struct LogCtx {
+/// One request as it passes through the phases: what is known so far, and
+/// everything the log line says about it.
+struct RequestCtx {
+    request_id: String,
+    started: Instant,
+    method: http::Method,
+    path: String,
+    bytes_in: u64,
     op: &'static str,
     bucket: Option<String>,
     key: Option<String>,
@@ -70,6 +91,14 @@ struct LogCtx {
     highest: Option<u64>,
     decision: &'static str,
     payload: &'static str,
+}
+
+/// What the phases before the upstream request established.
+struct Admitted {
+    verified: Verified,
+    op: Operation,
+    query: Vec<(String, String)>,
+    fenced: Fenced,
 }
 
 /// The outcome of the fence phase.
@@ -92,40 +121,27 @@ fn is_presign_param(k: &str) -> bool {
     )
 }
 
-/// Reads a small backend answer (an XML document) whole, up to `limit`.
-async fn read_small_body(body: Incoming, limit: usize) -> Result<Bytes, S3Error> {
-    Ok(http_body_util::Limited::new(body, limit)
-        .collect()
-        .await
-        .map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?
-        .to_bytes())
+/// The key under which an open multipart upload's token is stored.
+fn upload_key(bucket: &str, key: &str, upload_id: &str) -> String {
+    format!("{bucket}/{key}\n{upload_id}")
 }
 
-/// A ListAllMyBucketsResult with only the `<Bucket>` entries whose name
-/// passes `allowed`.
-fn keep_buckets(xml: &[u8], allowed: impl Fn(&str) -> bool) -> String {
-    let text = String::from_utf8_lossy(xml);
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text.as_ref();
-    while let Some(start) = rest.find("<Bucket>") {
-        out.push_str(&rest[..start]);
-        let Some(len) = rest[start..].find("</Bucket>") else {
-            break;
-        };
-        let end = start + len + "</Bucket>".len();
-        let entry = &rest[start..end];
-        let name = entry
-            .split_once("<Name>")
-            .and_then(|(_, r)| r.split_once("</Name>"))
-            .map(|(n, _)| n)
-            .unwrap_or_default();
-        if allowed(name) {
-            out.push_str(entry);
+/// Reads a small backend answer (an XML document) whole, up to `limit`.
+async fn read_small_body(mut body: ProxyBody, limit: usize) -> Result<Bytes, S3Error> {
+    let mut buf = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?;
+        if let Ok(d) = frame.into_data() {
+            if buf.len() + d.len() > limit {
+                return Err(S3Error::BadGateway(format!(
+                    "the backend's answer is over {limit} bytes"
+                )));
+            }
+            buf.extend_from_slice(&d);
         }
-        rest = &rest[end..];
     }
-    out.push_str(rest);
-    out
+    Ok(buf.freeze())
 }
 
 fn full(b: Bytes) -> ProxyBody {
@@ -145,12 +161,13 @@ impl Proxy {
                 query: cfg.fence.token_query.clone(),
             },
             stamp_header: meta,
+            require_signed_token: cfg.fence.require_signed_token,
             gate,
             upstream,
-            uploads: Uploads::default(),
             max_header_bytes: cfg.server.max_header_bytes,
             domains: cfg.server.domains.clone(),
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
+            quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
         }
@@ -163,34 +180,39 @@ impl Proxy {
 
     /// Handles one request; never fails (errors become S3 XML responses).
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
-        let started = Instant::now();
-        let rid = self.request_id();
-        let path = req.uri().path().to_string();
-        let method = req.method().clone();
-        let bytes_in = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-        let mut log = LogCtx {
+        let mut ctx = RequestCtx {
+            request_id: self.request_id(),
+            started: Instant::now(),
+            method: req.method().clone(),
+            path: req.uri().path().to_string(),
+            bytes_in: req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0),
             op: "Unknown",
+            bucket: None,
+            key: None,
+            access_key: None,
+            resource: None,
+            token: None,
+            highest: None,
             decision: "forwarded",
-            ..Default::default()
+            payload: "",
         };
-        let resp = match self.process(req, &mut log).await {
+        let resp = match self.process(req, &mut ctx).await {
             Ok(r) => r,
             Err(e) => {
-                log.decision = e.outcome();
+                ctx.decision = e.outcome();
                 if let S3Error::StaleFencingToken { highest, .. } = &e {
-                    log.highest = Some(*highest);
+                    ctx.highest = Some(*highest);
                 }
-                let (parts, b) = e.to_response(&path, &rid).into_parts();
+                let (parts, b) = e.to_response(&ctx.path, &ctx.request_id).into_parts();
                 Response::from_parts(parts, full(b))
             }
         };
-        let status = resp.status().as_u16();
-        metrics::counter!(m::REQUESTS, "op" => log.op, "outcome" => log.decision).increment(1);
+        metrics::counter!(m::REQUESTS, "op" => ctx.op, "outcome" => ctx.decision).increment(1);
         let resp = resp.map(|b| {
             b.map_frame(|f| {
                 if let Some(d) = f.data_ref() {
@@ -200,209 +222,189 @@ impl Proxy {
             })
             .boxed()
         });
-        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
-        macro_rules! event {
-            ($level:ident) => {
-                tracing::$level!(
-                    request_id = %rid,
-                    method = %method,
-                    op = log.op,
-                    bucket = log.bucket.as_deref().unwrap_or(""),
-                    key = log.key.as_deref().unwrap_or(""),
-                    access_key = log.access_key.as_deref().unwrap_or(""),
-                    resource = log.resource.as_deref().unwrap_or(""),
-                    token = log.token.map(|t| t.to_string()).unwrap_or_default(),
-                    highest = log.highest.map(|t| t.to_string()).unwrap_or_default(),
-                    decision = log.decision,
-                    payload = log.payload,
-                    status,
-                    bytes_in,
-                    duration_ms = elapsed_ms,
-                    "request"
-                )
-            };
-        }
-        if log.decision == "stale" {
-            event!(warn);
-        } else {
-            event!(info);
-        }
+        ctx.log(resp.status().as_u16());
         resp
     }
 
+    /// The phases, in order (see the module doc).
     async fn process(
         &self,
         req: Request<Incoming>,
-        log: &mut LogCtx,
+        ctx: &mut RequestCtx,
     ) -> Result<Response<ProxyBody>, S3Error> {
-        let (parts, incoming) = req.into_parts();
-        let header_bytes: usize = parts
+        let (head, incoming) = req.into_parts();
+        let query = self.check_head(&head)?;
+        let verified = self.authenticate(ctx, &head, &query)?;
+        let op = self.classify(ctx, &head, &query)?;
+        self.authorize(&verified, &op)?;
+        let token = self.token(ctx, &head, &query, &verified, &op).await?;
+        let fenced = self.fence(ctx, &op, token).await?;
+        let admitted = Admitted {
+            verified,
+            op,
+            query,
+            fenced,
+        };
+        let mut out = self.upstream_request(&head, &admitted, incoming)?;
+        let mut permits: Vec<Arc<Permit>> = admitted.fenced.permit.iter().cloned().collect();
+        match admitted.op.op {
+            Op::CopyObject if admitted.fenced.token.is_some() => {
+                self.keep_source_metadata(&mut out, &head.headers, &admitted.op)
+                    .await?
+            }
+            Op::DeleteObjects => {
+                let more = self.fence_multi_delete(&admitted.op, token, &mut out, ctx);
+                permits.extend(more.await?.into_iter().map(Arc::new));
+            }
+            _ => {}
+        }
+        drop(admitted.fenced.permit);
+        let resp = self.forward(out, permits).await?;
+        self.respond(resp, &admitted.op, &admitted.verified, token)
+            .await
+    }
+
+    /// Phase 1: the head's size, and the query parsed once.
+    fn check_head(&self, head: &Parts) -> Result<Vec<(String, String)>, S3Error> {
+        let header_bytes: usize = head
             .headers
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum::<usize>()
-            + parts.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+            + head.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
         if header_bytes > self.max_header_bytes {
             return Err(S3Error::RequestHeaderSectionTooLarge);
         }
-        let query = auth::decode_query(parts.uri.query());
+        let query = auth::decode_query(head.uri.query());
+        for (i, (k, _)) in query.iter().enumerate() {
+            if query[..i].iter().any(|(p, _)| p == k) {
+                return Err(S3Error::InvalidArgument(format!(
+                    "query parameter {k:?} is given more than once"
+                )));
+            }
+        }
+        Ok(query)
+    }
 
-        // 1. authenticate
+    /// Phase 2: SigV4.
+    fn authenticate(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        query: &[(String, String)],
+    ) -> Result<Verified, S3Error> {
         let verified = auth::verify(
             &auth::Head {
-                method: parts.method.as_str(),
-                raw_path: parts.uri.path(),
-                query: &query,
-                headers: &parts.headers,
+                method: head.method.as_str(),
+                raw_path: head.uri.path(),
+                query,
+                headers: &head.headers,
             },
             &self.creds,
             &self.region,
             SystemTime::now(),
         )?;
-        log.access_key = Some(verified.credential.access_key_id.clone());
-        log.payload = verified.payload.name();
+        ctx.access_key = Some(verified.credential.access_key_id.clone());
+        ctx.payload = verified.payload.name();
+        Ok(verified)
+    }
 
-        // 2. classify
-        let host = parts
+    /// Phase 3: what the request does, to which bucket and key.
+    fn classify(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        query: &[(String, String)],
+    ) -> Result<Operation, S3Error> {
+        let host = head
             .headers
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok());
-        let (bucket, key) = op::split_request(host, parts.uri.path(), &self.domains)?;
-        let op = op::classify(&parts.method, bucket, key, &query, &parts.headers)?;
-        log.op = op.name;
-        log.bucket = op.bucket.clone();
-        log.key = op.key.clone();
-
-        // 3. authorize
-        self.authorize(&verified, &op, &parts.headers)?;
-
-        // 4. fence
-        let token = self
-            .carriers
-            .extract(&parts.headers, &query)
-            .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?;
-        let upload_id = query
-            .iter()
-            .find(|(k, _)| k == "uploadId")
-            .map(|(_, v)| v.clone());
-        let token = match (token, &upload_id, &op.bucket, &op.key) {
-            (None, Some(u), Some(b), Some(k)) => self.uploads.token(b, k, u),
-            (t, ..) => t,
-        };
-        log.token = token;
-        let fenced = self.fence(&op, token, log).await?;
-
-        // 5. upstream request
-        let outgoing = self.upstream_request(
-            parts.method.clone(),
-            &parts.headers,
-            query,
-            &op,
-            &verified,
-            &fenced,
-            incoming,
-        )?;
-
-        let mut outgoing = outgoing;
-        if op.name == "CopyObject" && fenced.token.is_some() {
-            self.keep_source_metadata(&mut outgoing, &parts.headers)
-                .await?;
-        }
-        let others = if op.access == Access::MultiDelete {
-            self.fence_multi_delete(&op, token, &mut outgoing, log)
-                .await?
-        } else {
-            Vec::new()
-        };
-
-        // 6. forward
-        let upstream = self.upstream.clone();
-        let permit = fenced.permit;
-        let exchange = tokio::spawn(async move {
-            let sent = Instant::now();
-            let result = upstream.send(outgoing).await;
-            metrics::histogram!(m::UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
-            // The write is finished upstream: answered, or aborted.
-            drop(permit);
-            drop(others);
-            result
-        });
-        let resp = exchange
-            .await
-            .map_err(|e| S3Error::Internal(format!("forwarding task: {e}")))??;
-
-        // 7. respond
-        let (mut parts, body) = resp.into_parts();
-        clean_response_headers(&mut parts.headers);
-        if op.name == "ListBuckets"
-            && parts.status.is_success()
-            && !verified.credential.allows_bucket("*")
-        {
-            // Show a limited credential only the buckets it may use.
-            let bytes = read_small_body(body, 8 << 20).await?;
-            let kept = keep_buckets(&bytes, |b| verified.credential.allows_bucket(b));
-            parts.headers.remove(http::header::CONTENT_LENGTH);
-            return Ok(Response::from_parts(parts, full(Bytes::from(kept))));
-        }
-        if let (Some(b), Some(k)) = (&op.bucket, &op.key)
-            && parts.status.is_success()
-        {
-            match (op.name, &upload_id, fenced.token) {
-                ("CreateMultipartUpload", _, Some(t)) => {
-                    // A small XML document: read it to learn the upload id.
-                    let bytes = read_small_body(body, 1 << 20).await?;
-                    if let Some(id) = uploads::upload_id_from_xml(&bytes) {
-                        self.uploads.record(b, k, &id, t);
-                    }
-                    return Ok(Response::from_parts(parts, full(bytes)));
-                }
-                ("CompleteMultipartUpload" | "AbortMultipartUpload", Some(u), _) => {
-                    self.uploads.forget(b, k, u);
-                }
-                _ => {}
-            }
-        }
-        let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
-        Ok(Response::from_parts(parts, body))
+        let (bucket, key) = names::split_request(host, head.uri.path(), &self.domains)?;
+        ctx.bucket = bucket.clone();
+        ctx.key = key.clone();
+        let op = op::classify(&head.method, bucket, key, query, &head.headers)?;
+        ctx.op = op.op.name();
+        Ok(op)
     }
 
-    fn authorize(
-        &self,
-        v: &Verified,
-        op: &Operation,
-        headers: &http::HeaderMap,
-    ) -> Result<(), S3Error> {
+    /// Phase 4: the credential's buckets and admin right.
+    fn authorize(&self, v: &Verified, op: &Operation) -> Result<(), S3Error> {
         let Some(bucket) = &op.bucket else {
             return Ok(());
         };
+        let key_id = &v.credential.access_key_id;
         if !v.credential.allows_bucket(bucket) {
             return Err(S3Error::AccessDenied(format!(
-                "access key {} may not use bucket {bucket}",
-                v.credential.access_key_id
+                "access key {key_id} may not use bucket {bucket}"
             )));
         }
-        if let (Some(Ok((src, _, _))), Some(_)) = (op::copy_source(headers), &op.key)
-            && !v.credential.allows_bucket(&src)
+        if let Some(src) = &op.copy_source
+            && !v.credential.allows_bucket(&src.bucket)
         {
             return Err(S3Error::AccessDenied(format!(
-                "access key {} may not read the copy source bucket {src}",
-                v.credential.access_key_id
+                "access key {key_id} may not read the copy source bucket {}",
+                src.bucket
             )));
         }
-        if op.access == Access::BucketWrite && !v.credential.bucket_admin {
+        if op.access() == Access::BucketWrite && !v.credential.bucket_admin {
             return Err(S3Error::AccessDenied(format!(
-                "access key {} may not administer bucket {bucket}",
-                v.credential.access_key_id
+                "access key {key_id} may not administer bucket {bucket}"
             )));
         }
         Ok(())
     }
 
+    /// Phase 5: the request's token, from a carrier its signature covers,
+    /// or inherited from the multipart upload it belongs to.
+    async fn token(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        query: &[(String, String)],
+        verified: &Verified,
+        op: &Operation,
+    ) -> Result<Option<u64>, S3Error> {
+        let header = self.carriers.header.as_str();
+        if head.headers.contains_key(header)
+            && !verified.signs_header(header)
+            && (verified.presigned || self.require_signed_token)
+        {
+            return Err(S3Error::InvalidFencingToken(format!(
+                "the {header} header is not covered by the request's signature: sign it, \
+                 or in a presigned URL carry the token in the {} query parameter",
+                self.carriers.query
+            )));
+        }
+        let token = self
+            .carriers
+            .extract(&head.headers, query)
+            .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?;
+        // (No tuple of borrows is held across an await here: that makes the
+        // future's Send-ness unprovable to rustc.)
+        let upload = match (token, &op.upload_id, &op.bucket, &op.key) {
+            (None, Some(u), Some(b), Some(k)) => Some(upload_key(b, k, u)),
+            _ => None,
+        };
+        let token = match upload {
+            Some(upload) => self
+                .gate
+                .store()
+                .upload_token(&upload)
+                .await
+                .map_err(|e| S3Error::Internal(e.to_string()))?,
+            None => token,
+        };
+        ctx.token = token;
+        Ok(token)
+    }
+
+    /// Phase 6: admission through the gate.
     async fn fence(
         &self,
+        ctx: &mut RequestCtx,
         op: &Operation,
         token: Option<u64>,
-        log: &mut LogCtx,
     ) -> Result<Fenced, S3Error> {
         let none = Fenced {
             resource: None,
@@ -413,7 +415,7 @@ impl Proxy {
             (Some(b), Some(k)) => (b, k),
             _ => return Ok(none),
         };
-        let kind = match op.access {
+        let kind = match op.access() {
             Access::ObjectWrite => Kind::Write,
             Access::ObjectRead => Kind::Read,
             _ => return Ok(none),
@@ -421,7 +423,7 @@ impl Proxy {
         let Fencing::Fenced(resource) = self.resolver.resolve(bucket, key) else {
             return Ok(none);
         };
-        log.resource = Some(resource.clone());
+        ctx.resource = Some(resource.clone());
         let token = match (token, kind) {
             (Some(t), _) => t,
             (None, Kind::Read) => return Ok(none),
@@ -437,16 +439,88 @@ impl Proxy {
             permit: permit.map(Arc::new),
         })
     }
+
+    /// Phase 9: the backend's answer to the client.
+    async fn respond(
+        &self,
+        resp: Response<ProxyBody>,
+        op: &Operation,
+        verified: &Verified,
+        token: Option<u64>,
+    ) -> Result<Response<ProxyBody>, S3Error> {
+        let (mut parts, body) = resp.into_parts();
+        clean_response_headers(&mut parts.headers);
+        let ok = parts.status.is_success();
+        let cred = &verified.credential;
+        if op.op == Op::ListBuckets && ok && !cred.allows_bucket("*") {
+            // Show a limited credential only the buckets it may use.
+            let bytes = read_small_body(body, 8 << 20).await?;
+            let kept = xml::keep_buckets(&bytes, |b| cred.allows_bucket(b)).ok_or_else(|| {
+                S3Error::BadGateway("the backend's bucket list does not parse".into())
+            })?;
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            return Ok(Response::from_parts(parts, full(Bytes::from(kept))));
+        }
+        let (Some(b), Some(k)) = (&op.bucket, &op.key) else {
+            return Ok(Response::from_parts(parts, body));
+        };
+        let store = self.gate.store();
+        let upload = op.upload_id.as_deref().map(|u| upload_key(b, k, u));
+        match (op.op, token) {
+            (Op::CreateMultipartUpload, Some(t)) if ok => {
+                // A small XML document: read it to learn the upload id.
+                let bytes = read_small_body(body, 1 << 20).await?;
+                if let Some(id) = xml::upload_id(&bytes) {
+                    let upload = upload_key(b, k, &id);
+                    store
+                        .record_upload(&upload, t)
+                        .await
+                        .map_err(|e| S3Error::Internal(e.to_string()))?;
+                }
+                return Ok(Response::from_parts(parts, full(bytes)));
+            }
+            (Op::CompleteMultipartUpload | Op::AbortMultipartUpload, _) if ok => {
+                if let Some(upload) = upload
+                    && let Err(e) = store.forget_upload(&upload).await
+                {
+                    tracing::warn!("forgetting upload {upload:?}: {e}");
+                }
+            }
+            _ => {}
+        }
+        Ok(Response::from_parts(parts, body))
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn keep_buckets_filters_entries() {
-        let xml = b"<ListAllMyBucketsResult><Owner><ID>o</ID></Owner><Buckets><Bucket><Name>a</Name><CreationDate>d</CreationDate></Bucket><Bucket><Name>b</Name><CreationDate>d</CreationDate></Bucket></Buckets></ListAllMyBucketsResult>";
-        let kept = super::keep_buckets(xml, |b| b == "b");
-        assert!(!kept.contains("<Name>a</Name>"));
-        assert!(kept.contains("<Name>b</Name>"));
-        assert!(kept.ends_with("</Buckets></ListAllMyBucketsResult>"));
+impl RequestCtx {
+    /// The one log event of a request.
+    fn log(&self, status: u16) {
+        let elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        macro_rules! event {
+            ($level:ident) => {
+                tracing::$level!(
+                    request_id = %self.request_id,
+                    method = %self.method,
+                    op = self.op,
+                    bucket = self.bucket.as_deref().unwrap_or(""),
+                    key = self.key.as_deref().unwrap_or(""),
+                    access_key = self.access_key.as_deref().unwrap_or(""),
+                    resource = self.resource.as_deref().unwrap_or(""),
+                    token = self.token.map(|t| t.to_string()).unwrap_or_default(),
+                    highest = self.highest.map(|t| t.to_string()).unwrap_or_default(),
+                    decision = self.decision,
+                    payload = self.payload,
+                    status,
+                    bytes_in = self.bytes_in,
+                    duration_ms = elapsed_ms,
+                    "request"
+                )
+            };
+        }
+        if self.decision == "stale" {
+            event!(warn);
+        } else {
+            event!(info);
+        }
     }
 }

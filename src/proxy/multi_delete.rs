@@ -1,15 +1,17 @@
 //! DeleteObjects: every key it names is checked against its own resource,
 //! all or nothing. The body is small (at most 1000 keys), so it is read
-//! whole (capped), verified like any body, parsed, and then sent upstream as
-//! one buffer.
+//! whole (capped), verified like any body, parsed, and the backend gets a
+//! body rebuilt from the keys fencegate read (`s3::multi_delete`), never
+//! the client's XML.
 
-use super::{LogCtx, Proxy};
+use super::{Proxy, RequestCtx};
 use crate::fence::gate::{Kind, Permit, Refusal};
 use crate::fence::resource::Fencing;
 use crate::s3::error::S3Error;
-use crate::s3::multi_delete::{MAX_BODY, parse_keys};
+use crate::s3::multi_delete::{Delete, MAX_BODY};
 use crate::s3::op::Operation;
 use crate::upstream::client::{Outgoing, UpstreamPayload};
+use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
@@ -24,36 +26,30 @@ impl Proxy {
         op: &Operation,
         token: Option<u64>,
         out: &mut Outgoing,
-        log: &mut LogCtx,
+        ctx: &mut RequestCtx,
     ) -> Result<Vec<Permit>, S3Error> {
         let bucket = op.bucket.as_deref().unwrap_or_default();
         let mut body = BytesMut::new();
-        let mut trailers = http::HeaderMap::new();
         if let Some(mut frames) = out.body.take() {
             while let Some(frame) = frames.next().await {
-                match frame?.into_data() {
-                    Ok(d) => {
-                        if body.len() + d.len() > MAX_BODY {
-                            return Err(S3Error::MalformedXML(format!(
-                                "DeleteObjects body over {MAX_BODY} bytes"
-                            )));
-                        }
-                        body.extend_from_slice(&d);
+                // Checksum trailers are dropped: the backend gets a new
+                // body with a checksum of its own.
+                if let Ok(d) = frame?.into_data() {
+                    if body.len() + d.len() > MAX_BODY {
+                        return Err(S3Error::MalformedXML(format!(
+                            "DeleteObjects body over {MAX_BODY} bytes"
+                        )));
                     }
-                    Err(f) => {
-                        if let Ok(t) = f.into_trailers() {
-                            trailers.extend(t);
-                        }
-                    }
+                    body.extend_from_slice(&d);
                 }
             }
         }
-        let body = body.freeze();
-        let keys = parse_keys(&body)?;
+        let delete = Delete::parse(&body)?;
 
-        let resources: BTreeSet<String> = keys
+        let resources: BTreeSet<String> = delete
+            .objects
             .iter()
-            .filter_map(|k| match self.resolver.resolve(bucket, k) {
+            .filter_map(|o| match self.resolver.resolve(bucket, &o.key) {
                 Fencing::Fenced(r) => Some(r),
                 Fencing::Unfenced => None,
             })
@@ -63,7 +59,7 @@ impl Proxy {
             let Some(t) = token else {
                 return Err(S3Error::MissingFencingToken(first.clone()));
             };
-            log.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
+            ctx.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
             // Check every resource before raising any, so that a request
             // refused for one key leaves the others' fences alone.
             for r in &resources {
@@ -94,15 +90,29 @@ impl Proxy {
             }
         }
 
-        // Upstream: the buffered body, plain, its checksums as headers.
+        // Upstream: the canonical body, plain, with its own checksum (the
+        // client's checksums are of the client's XML).
+        let body = Bytes::from(delete.to_xml());
+        let sha = Sha256::digest(&body);
         out.headers.remove(http::header::CONTENT_ENCODING);
-        out.headers.remove("x-amz-decoded-content-length");
-        out.headers.remove("x-amz-trailer");
-        for (name, value) in &trailers {
-            out.headers.insert(name.clone(), value.clone());
+        out.headers.remove("content-md5");
+        out.headers.remove("x-amz-sdk-checksum-algorithm");
+        let checksums: Vec<_> = out
+            .headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("x-amz-checksum-"))
+            .cloned()
+            .collect();
+        for n in checksums {
+            out.headers.remove(n);
         }
+        out.headers.insert(
+            "x-amz-checksum-sha256",
+            http::HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(sha))
+                .map_err(|e| S3Error::Internal(e.to_string()))?,
+        );
         out.content_length = Some(body.len() as u64);
-        out.payload = UpstreamPayload::Sha256Hex(hex::encode(Sha256::digest(&body)));
+        out.payload = UpstreamPayload::Sha256Hex(hex::encode(sha));
         let frame: Result<http_body::Frame<Bytes>, S3Error> = Ok(http_body::Frame::data(body));
         out.body = Some(Box::pin(futures_util::stream::iter([frame])));
         Ok(permits)

@@ -2,36 +2,52 @@
 //! stamped, fencegate's own parameters removed) and the body pipeline for
 //! each payload form (verify, hold back the last frame, re-encode).
 
-use super::{Fenced, Proxy, UPSTREAM_CHUNK, is_presign_param};
+use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
 use crate::s3::auth::{Payload, Verified};
 use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
 use crate::s3::error::S3Error;
-use crate::s3::op::Operation;
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
+use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
 use hyper::body::Incoming;
 
 impl Proxy {
-    #[allow(clippy::too_many_arguments)]
+    /// The request the backend gets: the bucket, key, query and copy source
+    /// as fencegate parsed them (never the client's raw forms), the client's
+    /// other headers, the token stamped, and the body pipeline.
     pub(super) fn upstream_request(
         &self,
-        method: http::Method,
-        headers: &HeaderMap,
-        mut query: Vec<(String, String)>,
-        op: &Operation,
-        verified: &Verified,
-        fenced: &Fenced,
+        head: &Parts,
+        admitted: &Admitted,
         incoming: Incoming,
     ) -> Result<Outgoing, S3Error> {
+        let Admitted {
+            verified,
+            op,
+            query,
+            fenced,
+        } = admitted;
+        let headers = &head.headers;
         // The token and a presigned URL's signature are fencegate's; the
         // backend gets its own header signature.
-        query.retain(|(k, _)| *k != self.carriers.query && !is_presign_param(k));
+        let query: Vec<(String, String)> = query
+            .iter()
+            .filter(|(k, _)| *k != self.carriers.query && !is_presign_param(k))
+            .cloned()
+            .collect();
         let mut out_headers = forwarded_headers(
             headers,
             &[self.carriers.header.as_str(), self.stamp_header.as_str()],
         );
-        if op.stamps_token
+        if let Some(src) = &op.copy_source {
+            out_headers.insert(
+                "x-amz-copy-source",
+                HeaderValue::from_str(&src.to_header())
+                    .map_err(|e| S3Error::Internal(e.to_string()))?,
+            );
+        }
+        if op.op.stamps_token()
             && let Some(t) = fenced.token
         {
             out_headers.insert(
@@ -55,7 +71,7 @@ impl Proxy {
         let gated = |frames| body::commit_gate(frames, fenced.permit.clone(), resource.clone());
 
         let mut out = Outgoing {
-            method,
+            method: head.method.clone(),
             bucket: op.bucket.clone(),
             key: op.key.clone(),
             query,

@@ -70,6 +70,17 @@ pub struct Verified {
     pub credential: Arc<Credential>,
     pub payload: Payload,
     pub signing: Signing,
+    /// Whether the signature is in the URL (presigned) or the header.
+    pub presigned: bool,
+    /// The signed header names, `;`-separated, as signed.
+    pub signed_headers: String,
+}
+
+impl Verified {
+    /// Whether the signature covers header `name` (lower case).
+    pub fn signs_header(&self, name: &str) -> bool {
+        self.signed_headers.split(';').any(|h| h == name)
+    }
 }
 
 /// Material for chunk and trailer signatures: the signing key, the request's
@@ -486,7 +497,8 @@ pub fn verify(
         canonical.push('\n');
     }
     canonical.push('\n');
-    canonical.push_str(&a.signed_headers.join(";"));
+    let signed_headers = a.signed_headers.join(";");
+    canonical.push_str(&signed_headers);
     canonical.push('\n');
     canonical.push_str(content_sha.unwrap_or("UNSIGNED-PAYLOAD"));
 
@@ -508,6 +520,8 @@ pub fn verify(
         credential,
         payload,
         signing,
+        presigned,
+        signed_headers,
     })
 }
 

@@ -61,6 +61,8 @@ pub enum S3Error {
     #[error("{0}")]
     InvalidBucketName(String),
     #[error("{0}")]
+    InvalidObjectName(String),
+    #[error("{0}")]
     MalformedXML(String),
     #[error("a Content-Length header is required")]
     MissingContentLength,
@@ -122,7 +124,8 @@ impl S3Error {
             | RequestHeaderSectionTooLarge
             | RequestTimeout
             | MalformedXML(_)
-            | InvalidBucketName(_) => StatusCode::BAD_REQUEST,
+            | InvalidBucketName(_)
+            | InvalidObjectName(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -151,6 +154,7 @@ impl S3Error {
             RequestTimeout => "RequestTimeout",
             NotImplemented(_) => "NotImplemented",
             InvalidBucketName(_) => "InvalidBucketName",
+            InvalidObjectName(_) => "InvalidObjectName",
             MalformedXML(_) => "MalformedXML",
             MissingContentLength => "MissingContentLength",
             BadGateway(_) => "BadGateway",

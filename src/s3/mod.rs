@@ -6,4 +6,6 @@ pub mod body;
 pub mod chunked;
 pub mod error;
 pub mod multi_delete;
+pub mod names;
 pub mod op;
+pub mod xml;

@@ -1,6 +1,24 @@
-//! The body of DeleteObjects: the keys it names, read from the XML.
+//! The body of DeleteObjects, read once and written again.
+//!
+//! XML parsers disagree on a key like `k<![CDATA[x]]>` or `k<!---->x`: one
+//! reads `kx`, another keeps the first text piece, `k`. So fencegate never
+//! forwards the client's XML. It reads it strictly with one parser
+//! (quick-xml), fences the keys it read, and sends the backend a canonical
+//! body built from those keys ([`Delete::to_xml`]): no comments, no CDATA,
+//! no prefixes, only the five predefined escapes. The backend then deletes
+//! exactly what was fenced.
+//!
+//! Refused (`400 MalformedXML`): a DOCTYPE, an unknown entity, a root other
+//! than `Delete`, an `Object` without exactly one `Key`, an element fencegate
+//! does not carry over (`ETag`, `Size`... conditions it would drop), text
+//! outside `Key`, `VersionId` and `Quiet`, and more than 1000 keys. Keys are
+//! checked like any key (`names::check_key`), and a key with leading or
+//! trailing white space is refused too: parsers that trim text would read it
+//! as another key.
 
 use super::error::S3Error;
+use super::error::xml_escape;
+use super::names::check_key;
 use quick_xml::Reader;
 use quick_xml::events::Event;
 
@@ -9,95 +27,250 @@ pub const MAX_KEYS: usize = 1000;
 /// The largest DeleteObjects body fencegate reads (1000 keys of 1 KiB fit).
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
 
+/// One object to delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToDelete {
+    pub key: String,
+    pub version_id: Option<String>,
+}
+
+/// A DeleteObjects request body as fencegate read it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Delete {
+    pub quiet: bool,
+    pub objects: Vec<ToDelete>,
+}
+
 fn malformed(m: impl std::fmt::Display) -> S3Error {
     S3Error::MalformedXML(format!("DeleteObjects body: {m}"))
 }
 
-/// The keys of `<Delete><Object><Key>…</Key></Object>…</Delete>`.
-pub fn parse_keys(xml: &[u8]) -> Result<Vec<String>, S3Error> {
-    let mut reader = Reader::from_reader(xml);
-    reader.config_mut().trim_text(false);
-    let mut path: Vec<Vec<u8>> = Vec::new();
-    let mut keys = Vec::new();
-    let mut current: Option<String> = None;
-    let mut buf = Vec::new();
-    loop {
-        match reader.read_event_into(&mut buf).map_err(malformed)? {
-            Event::Start(e) => {
-                path.push(e.local_name().as_ref().as_bytes().to_vec());
-                if path.len() == 3 && path[1] == b"Object" && path[2] == b"Key" {
-                    current = Some(String::new());
-                }
-            }
-            Event::End(_) => {
-                if path.len() == 3
-                    && path[2] == b"Key"
-                    && let Some(k) = current.take()
-                {
-                    keys.push(k);
-                    if keys.len() > MAX_KEYS {
-                        return Err(malformed(format!("more than {MAX_KEYS} keys")));
+/// The text of the element being read, if it is one that carries text.
+#[derive(Default)]
+struct Open {
+    /// Element names from the root down.
+    path: Vec<String>,
+    text: String,
+    object: Option<(Option<String>, Option<String>)>,
+}
+
+impl Open {
+    fn text_allowed(&self) -> bool {
+        let p: Vec<&str> = self.path.iter().map(String::as_str).collect();
+        matches!(
+            p.as_slice(),
+            ["Delete", "Quiet"] | ["Delete", "Object", "Key" | "VersionId"]
+        )
+    }
+}
+
+impl Delete {
+    /// Reads `<Delete><Quiet>…</Quiet><Object><Key>…</Key><VersionId>…
+    /// </VersionId></Object>…</Delete>` (see the module doc).
+    pub fn parse(xml: &[u8]) -> Result<Delete, S3Error> {
+        let mut reader = Reader::from_reader(xml);
+        reader.config_mut().trim_text(false);
+        let mut st = Open::default();
+        let mut out = Delete::default();
+        let mut seen_root = false;
+        let mut buf = Vec::new();
+        loop {
+            match reader.read_event_into(&mut buf).map_err(malformed)? {
+                Event::Start(e) => {
+                    let name = e.local_name().as_ref().to_string();
+                    st.path.push(name);
+                    st.text.clear();
+                    let p: Vec<&str> = st.path.iter().map(String::as_str).collect();
+                    match p.as_slice() {
+                        ["Delete"] if !seen_root => seen_root = true,
+                        ["Delete", "Quiet"] => {}
+                        ["Delete", "Object"] => st.object = Some((None, None)),
+                        ["Delete", "Object", "Key" | "VersionId"] => {}
+                        _ => {
+                            return Err(malformed(format!("unexpected element <{}>", p.join("/"))));
+                        }
                     }
                 }
-                path.pop();
-            }
-            Event::Text(t) => {
-                if let Some(k) = current.as_mut() {
-                    k.push_str(&t.xml10_content());
+                Event::Empty(e) => {
+                    let name = e.local_name().as_ref().to_string();
+                    return Err(malformed(format!("unexpected empty element <{name}/>")));
                 }
-            }
-            Event::GeneralRef(r) => {
-                if let Some(k) = current.as_mut() {
-                    let name: &str = &r;
-                    let ch = match name {
-                        "amp" => "&",
-                        "lt" => "<",
-                        "gt" => ">",
-                        "quot" => "\"",
-                        "apos" => "'",
-                        other => {
-                            let c = r
-                                .resolve_char_ref()
-                                .map_err(malformed)?
-                                .ok_or_else(|| malformed(format!("unknown entity {other}")))?;
-                            k.push(c);
-                            continue;
+                Event::End(_) => {
+                    st.close(&mut out)?;
+                    st.path.pop();
+                }
+                Event::Text(t) => {
+                    let text = t.xml10_content();
+                    st.push_text(&text)?;
+                }
+                Event::CData(t) => {
+                    let text = t.xml10_content();
+                    st.push_text(&text)?;
+                }
+                Event::GeneralRef(r) => {
+                    let ch = match r.resolve_char_ref().map_err(malformed)? {
+                        Some(c) => c.to_string(),
+                        None => {
+                            let name: &str = &r;
+                            match name {
+                                "amp" => "&",
+                                "lt" => "<",
+                                "gt" => ">",
+                                "quot" => "\"",
+                                "apos" => "'",
+                                other => {
+                                    return Err(malformed(format!("unknown entity &{other};")));
+                                }
+                            }
+                            .to_string()
                         }
                     };
-                    k.push_str(ch);
+                    st.push_text(&ch)?;
+                }
+                Event::DocType(_) => return Err(malformed("a DOCTYPE is not accepted")),
+                Event::Eof => break,
+                // The XML declaration, comments and processing instructions
+                // carry nothing.
+                _ => {}
+            }
+            buf.clear();
+        }
+        if !seen_root || !st.path.is_empty() {
+            return Err(malformed("not a complete <Delete> document"));
+        }
+        Ok(out)
+    }
+
+    /// The canonical body fencegate forwards.
+    pub fn to_xml(&self) -> String {
+        let mut s = String::with_capacity(64 + self.objects.len() * 64);
+        s.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Delete xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">");
+        if self.quiet {
+            s.push_str("<Quiet>true</Quiet>");
+        }
+        for o in &self.objects {
+            s.push_str("<Object><Key>");
+            s.push_str(&xml_escape(&o.key));
+            s.push_str("</Key>");
+            if let Some(v) = &o.version_id {
+                s.push_str("<VersionId>");
+                s.push_str(&xml_escape(v));
+                s.push_str("</VersionId>");
+            }
+            s.push_str("</Object>");
+        }
+        s.push_str("</Delete>");
+        s
+    }
+}
+
+impl Open {
+    fn push_text(&mut self, t: &str) -> Result<(), S3Error> {
+        if self.text_allowed() {
+            self.text.push_str(t);
+            Ok(())
+        } else if t.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(malformed("text outside <Key>, <VersionId> and <Quiet>"))
+        }
+    }
+
+    /// The element on top of `path` ends.
+    fn close(&mut self, out: &mut Delete) -> Result<(), S3Error> {
+        let p: Vec<&str> = self.path.iter().map(String::as_str).collect();
+        let text = std::mem::take(&mut self.text);
+        match p.as_slice() {
+            ["Delete", "Quiet"] => {
+                out.quiet = match text.trim() {
+                    "true" => true,
+                    "false" => false,
+                    other => return Err(malformed(format!("<Quiet> is {other:?}"))),
                 }
             }
-            Event::CData(t) => {
-                if let Some(k) = current.as_mut() {
-                    k.push_str(&t.xml10_content());
+            ["Delete", "Object", field] => {
+                let (key, version) = self.object.as_mut().expect("inside <Object>");
+                let slot = if *field == "Key" { key } else { version };
+                if slot.replace(text).is_some() {
+                    return Err(malformed(format!("an <Object> with two <{field}>")));
                 }
             }
-            Event::Eof => break,
+            ["Delete", "Object"] => {
+                let (key, version_id) = self.object.take().expect("inside <Object>");
+                let key = key.ok_or_else(|| malformed("an <Object> without <Key>"))?;
+                check_key(&key)?;
+                if key.trim() != key {
+                    return Err(malformed(format!(
+                        "key {key:?} begins or ends with white space, which XML readers may trim; delete it with DeleteObject"
+                    )));
+                }
+                out.objects.push(ToDelete { key, version_id });
+                if out.objects.len() > MAX_KEYS {
+                    return Err(malformed(format!("more than {MAX_KEYS} keys")));
+                }
+            }
             _ => {}
         }
-        buf.clear();
+        Ok(())
     }
-    if !path.is_empty() {
-        return Err(malformed("unclosed element"));
-    }
-    Ok(keys)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn reads_keys() {
-        let xml = br#"<?xml version="1.0" encoding="UTF-8"?>
-<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Quiet>true</Quiet>
-<Object><Key>a/b</Key></Object><Object><Key>x&amp;y&#65;</Key><VersionId>v</VersionId></Object></Delete>"#;
-        assert_eq!(parse_keys(xml).unwrap(), vec!["a/b", "x&yA"]);
+    fn keys(xml: &[u8]) -> Vec<String> {
+        Delete::parse(xml)
+            .unwrap()
+            .objects
+            .into_iter()
+            .map(|o| o.key)
+            .collect()
     }
 
     #[test]
-    fn rejects_broken_xml() {
-        assert!(parse_keys(b"<Delete><Object><Key>a</Key></Object>").is_err());
-        assert!(parse_keys(b"<Delete><Object><Key>a</Object></Delete>").is_err());
+    fn reads_keys_and_versions() {
+        let xml = br#"<?xml version="1.0" encoding="UTF-8"?>
+<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Quiet>true</Quiet>
+<Object><Key>a/b</Key></Object><Object><Key>x&amp;y&#65;</Key><VersionId>v</VersionId></Object></Delete>"#;
+        let d = Delete::parse(xml).unwrap();
+        assert!(d.quiet);
+        assert_eq!(keys(xml), vec!["a/b", "x&yA"]);
+        assert_eq!(d.objects[1].version_id.as_deref(), Some("v"));
+    }
+
+    #[test]
+    fn comments_and_cdata_are_read_whole_and_forwarded_plain() {
+        let d = Delete::parse(b"<Delete><Object><Key>k<![CDATA[x]]></Key></Object><Object><Key>k<!---->y</Key></Object></Delete>").unwrap();
+        assert_eq!(d.objects[0].key, "kx");
+        assert_eq!(d.objects[1].key, "ky");
+        let xml = d.to_xml();
+        assert!(!xml.contains("CDATA") && !xml.contains("<!--"), "{xml}");
+        assert_eq!(Delete::parse(xml.as_bytes()).unwrap(), d);
+    }
+
+    #[test]
+    fn rejects_what_it_would_not_forward_faithfully() {
+        for bad in [
+            &b"<Delete><Object><Key>a</Key></Object>"[..],
+            b"<Delete><Object><Key>a</Object></Delete>",
+            b"<Delete><Object><Key>a</Key><Key>b</Key></Object></Delete>",
+            b"<Delete><Object><VersionId>v</VersionId></Object></Delete>",
+            b"<Delete><Object><Key>a</Key><ETag>e</ETag></Object></Delete>",
+            b"<Delete><Object><Key>x/../k</Key></Object></Delete>",
+            b"<Delete><Object><Key> k</Key></Object></Delete>",
+            b"<Delete><Object><Key>&ent;</Key></Object></Delete>",
+            b"<!DOCTYPE d [<!ENTITY e \"k\">]><Delete><Object><Key>a</Key></Object></Delete>",
+            b"<Other><Object><Key>a</Key></Object></Other>",
+            b"<Delete>stray<Object><Key>a</Key></Object></Delete>",
+            b"<Delete><Object><Key>a</Key></Object></Delete><Delete></Delete>",
+            b"<Delete><Quiet>yes</Quiet></Delete>",
+        ] {
+            assert!(
+                Delete::parse(bad).is_err(),
+                "{:?} accepted",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

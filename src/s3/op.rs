@@ -1,9 +1,12 @@
 //! Classifies a request into an S3 operation, its bucket and key, and what
-//! kind of access it is: which ones are fenced writes is CONTRACT §2.
+//! kind of access it is: which ones are fenced writes is CONTRACT §2 (see
+//! docs/contract.md). Each operation is a variant of [`Op`], so a misspelt
+//! operation does not compile, and what each one means for fencing is one
+//! table of `match`es below.
 
 use super::error::S3Error;
+use super::names::CopySource;
 use http::{HeaderMap, Method};
-use percent_encoding::percent_decode_str;
 
 /// What a request does, as far as fencing and permissions are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,102 +26,183 @@ pub enum Access {
     MultiDelete,
 }
 
+/// The S3 operations fencegate tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    ListBuckets,
+    ListObjects,
+    ListObjectsV2,
+    ListObjectVersions,
+    ListMultipartUploads,
+    HeadBucket,
+    /// Any other `GET /bucket?<subresource>`.
+    GetBucketConfig,
+    CreateBucket,
+    /// Any `PUT /bucket?<subresource>`.
+    PutBucketConfig,
+    DeleteBucket,
+    /// Any `DELETE /bucket?<subresource>`.
+    DeleteBucketConfig,
+    DeleteObjects,
+    GetObject,
+    HeadObject,
+    GetObjectTagging,
+    GetObjectAcl,
+    ListParts,
+    SelectObjectContent,
+    /// Any PUT to a key not named below is fenced like a PutObject.
+    PutObject,
+    CopyObject,
+    UploadPart,
+    UploadPartCopy,
+    PutObjectTagging,
+    PutObjectAcl,
+    PutObjectRetention,
+    PutObjectLegalHold,
+    CreateMultipartUpload,
+    CompleteMultipartUpload,
+    AbortMultipartUpload,
+    RestoreObject,
+    DeleteObjectTagging,
+    DeleteObject,
+}
+
+impl Op {
+    /// The S3 operation name, for logs and metrics.
+    pub fn name(self) -> &'static str {
+        use Op::*;
+        match self {
+            ListBuckets => "ListBuckets",
+            ListObjects => "ListObjects",
+            ListObjectsV2 => "ListObjectsV2",
+            ListObjectVersions => "ListObjectVersions",
+            ListMultipartUploads => "ListMultipartUploads",
+            HeadBucket => "HeadBucket",
+            GetBucketConfig => "GetBucketConfig",
+            CreateBucket => "CreateBucket",
+            PutBucketConfig => "PutBucketConfig",
+            DeleteBucket => "DeleteBucket",
+            DeleteBucketConfig => "DeleteBucketConfig",
+            DeleteObjects => "DeleteObjects",
+            GetObject => "GetObject",
+            HeadObject => "HeadObject",
+            GetObjectTagging => "GetObjectTagging",
+            GetObjectAcl => "GetObjectAcl",
+            ListParts => "ListParts",
+            SelectObjectContent => "SelectObjectContent",
+            PutObject => "PutObject",
+            CopyObject => "CopyObject",
+            UploadPart => "UploadPart",
+            UploadPartCopy => "UploadPartCopy",
+            PutObjectTagging => "PutObjectTagging",
+            PutObjectAcl => "PutObjectAcl",
+            PutObjectRetention => "PutObjectRetention",
+            PutObjectLegalHold => "PutObjectLegalHold",
+            CreateMultipartUpload => "CreateMultipartUpload",
+            CompleteMultipartUpload => "CompleteMultipartUpload",
+            AbortMultipartUpload => "AbortMultipartUpload",
+            RestoreObject => "RestoreObject",
+            DeleteObjectTagging => "DeleteObjectTagging",
+            DeleteObject => "DeleteObject",
+        }
+    }
+
+    pub fn access(self) -> Access {
+        use Op::*;
+        match self {
+            ListBuckets => Access::Service,
+            ListObjects | ListObjectsV2 | ListObjectVersions | ListMultipartUploads
+            | HeadBucket | GetBucketConfig => Access::BucketRead,
+            CreateBucket | PutBucketConfig | DeleteBucket | DeleteBucketConfig => {
+                Access::BucketWrite
+            }
+            DeleteObjects => Access::MultiDelete,
+            GetObject | HeadObject | GetObjectTagging | GetObjectAcl | ListParts
+            | SelectObjectContent => Access::ObjectRead,
+            PutObject
+            | CopyObject
+            | UploadPart
+            | UploadPartCopy
+            | PutObjectTagging
+            | PutObjectAcl
+            | PutObjectRetention
+            | PutObjectLegalHold
+            | CreateMultipartUpload
+            | CompleteMultipartUpload
+            | AbortMultipartUpload
+            | RestoreObject
+            | DeleteObjectTagging
+            | DeleteObject => Access::ObjectWrite,
+        }
+    }
+
+    /// Whether the accepted token is stamped on the stored object.
+    pub fn stamps_token(self) -> bool {
+        matches!(
+            self,
+            Op::PutObject | Op::CopyObject | Op::CreateMultipartUpload
+        )
+    }
+
+    /// Whether the request belongs to a multipart upload and, carrying no
+    /// token of its own, is checked with the token that created the upload.
+    pub fn inherits_upload_token(self) -> bool {
+        matches!(
+            self,
+            Op::UploadPart
+                | Op::UploadPartCopy
+                | Op::CompleteMultipartUpload
+                | Op::AbortMultipartUpload
+        )
+    }
+
+    /// Whether the request reads another object (`x-amz-copy-source`).
+    pub fn copies(self) -> bool {
+        matches!(self, Op::CopyObject | Op::UploadPartCopy)
+    }
+
+    /// Whether the request writes an object's content by another way than a
+    /// PutObject. A key ending in `/` is a folder marker: a file-system
+    /// store (the embedded one) resolves `a/b/` to the file `a/b`, so these
+    /// would overwrite `a/b` while the fence guards `a/b/`.
+    pub fn writes_content_indirectly(self) -> bool {
+        matches!(
+            self,
+            Op::CopyObject
+                | Op::UploadPartCopy
+                | Op::UploadPart
+                | Op::CreateMultipartUpload
+                | Op::CompleteMultipartUpload
+        )
+    }
+}
+
 /// A classified request.
 #[derive(Debug, Clone)]
 pub struct Operation {
-    /// S3 operation name, for logs and metrics.
-    pub name: &'static str,
-    pub access: Access,
+    pub op: Op,
     pub bucket: Option<String>,
     pub key: Option<String>,
-    /// Whether the accepted token is stamped on the stored object.
-    pub stamps_token: bool,
+    /// The parsed `x-amz-copy-source` of a copy (never set otherwise: the
+    /// header is not forwarded on other requests).
+    pub copy_source: Option<CopySource>,
+    /// The `uploadId` of a request that belongs to a multipart upload.
+    pub upload_id: Option<String>,
 }
 
-/// The bucket named by a virtual-host style `Host` (`bucket.<domain>`), for
-/// one of the configured root `domains`.
-pub fn bucket_from_host<'a>(host: &'a str, domains: &[String]) -> Option<&'a str> {
-    let host = match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => host,
-    };
-    domains.iter().find_map(|d| {
-        host.strip_suffix(d.as_str())
-            .and_then(|rest| rest.strip_suffix('.'))
-            .filter(|b| !b.is_empty())
-    })
-}
-
-/// Splits a request into decoded bucket and key: virtual-host style when
-/// the host names a bucket under one of `domains`, else path style.
-pub fn split_request(
-    host: Option<&str>,
-    raw_path: &str,
-    domains: &[String],
-) -> Result<(Option<String>, Option<String>), S3Error> {
-    let Some(bucket) = host.and_then(|h| bucket_from_host(h, domains)) else {
-        return split_path(raw_path);
-    };
-    // The whole path is the key.
-    let (b, k) = split_path(&format!("/{bucket}{raw_path}"))?;
-    Ok((b, k))
-}
-
-/// A copy source: bucket, key, version.
-pub type CopySource = (String, String, Option<String>);
-
-/// The object named by `x-amz-copy-source` (`[/]bucket/key[?versionId=v]`,
-/// URL-encoded).
-pub fn copy_source(headers: &HeaderMap) -> Option<Result<CopySource, S3Error>> {
-    let raw = headers.get("x-amz-copy-source")?;
-    let bad = || S3Error::InvalidArgument("x-amz-copy-source is malformed".into());
-    let parse = || {
-        let raw = raw.to_str().map_err(|_| bad())?;
-        let (path, version) = match raw.split_once("?versionId=") {
-            Some((p, v)) => (p, Some(v.to_string())),
-            None => (raw, None),
-        };
-        let path = path.strip_prefix('/').unwrap_or(path);
-        match split_path(&format!("/{path}"))? {
-            (Some(b), Some(k)) => Ok((b, k, version)),
-            _ => Err(bad()),
-        }
-    };
-    Some(parse())
-}
-
-/// Splits a path-style request path into decoded bucket and key.
-pub fn split_path(raw_path: &str) -> Result<(Option<String>, Option<String>), S3Error> {
-    let trimmed = raw_path.strip_prefix('/').unwrap_or(raw_path);
-    if trimmed.is_empty() {
-        return Ok((None, None));
+impl Operation {
+    pub fn access(&self) -> Access {
+        self.op.access()
     }
-    let (bucket, key) = match trimmed.split_once('/') {
-        Some((b, k)) => (b, Some(k)),
-        None => (trimmed, None),
-    };
-    let decode = |s: &str| -> Result<String, S3Error> {
-        percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| S3Error::InvalidArgument("the path is not valid UTF-8".into()))
-    };
-    let bucket = decode(bucket)?;
-    if bucket.is_empty() || bucket.len() > 255 || bucket.contains(['/', '\\']) {
-        return Err(S3Error::InvalidBucketName(format!(
-            "invalid bucket name {bucket:?}"
-        )));
-    }
-    let key = match key {
-        Some("") | None => None,
-        Some(k) => Some(decode(k)?),
-    };
-    Ok((Some(bucket), key))
 }
 
 fn has(query: &[(String, String)], name: &str) -> bool {
     query.iter().any(|(k, _)| k == name)
 }
+
+/// Query parameters that would make a backend act on another object than
+/// the one in the path (S3 Express's RenameObject deletes its source).
+const REFUSED_SUBRESOURCES: &[&str] = &["renameObject"];
 
 /// Classifies a request. `query` holds decoded query pairs.
 pub fn classify(
@@ -129,121 +213,94 @@ pub fn classify(
     headers: &HeaderMap,
 ) -> Result<Operation, S3Error> {
     let q = |n| has(query, n);
-    let copy = headers.contains_key("x-amz-copy-source");
-    let op = |name, access, stamps_token| Operation {
-        name,
-        access,
-        bucket: bucket.clone(),
-        key: key.clone(),
-        stamps_token,
-    };
     let unsupported = |what: &str| Err(S3Error::NotImplemented(format!("{what} is not supported")));
-    Ok(match (bucket.is_some(), key.is_some()) {
+    if let Some(r) = REFUSED_SUBRESOURCES.iter().find(|r| q(r)) {
+        return unsupported(&format!("?{r}"));
+    }
+    let copy = headers.contains_key("x-amz-copy-source");
+    let op = match (bucket.is_some(), key.is_some()) {
         (false, _) => match *method {
-            Method::GET | Method::HEAD => op("ListBuckets", Access::Service, false),
+            Method::GET | Method::HEAD => Op::ListBuckets,
             _ => return unsupported("this service-level request"),
         },
         (true, false) => match *method {
-            Method::GET | Method::HEAD => {
-                let name = if q("uploads") {
-                    "ListMultipartUploads"
-                } else if q("versions") {
-                    "ListObjectVersions"
-                } else if q("list-type") {
-                    "ListObjectsV2"
-                } else if *method == Method::HEAD {
-                    "HeadBucket"
-                } else if query.is_empty() {
-                    "ListObjects"
-                } else {
-                    "GetBucketConfig"
-                };
-                op(name, Access::BucketRead, false)
-            }
-            Method::PUT => {
-                let name = if query.is_empty() {
-                    "CreateBucket"
-                } else {
-                    "PutBucketConfig"
-                };
-                op(name, Access::BucketWrite, false)
-            }
-            Method::DELETE => {
-                let name = if query.is_empty() {
-                    "DeleteBucket"
-                } else {
-                    "DeleteBucketConfig"
-                };
-                op(name, Access::BucketWrite, false)
-            }
-            Method::POST if q("delete") => op("DeleteObjects", Access::MultiDelete, false),
+            Method::GET | Method::HEAD if q("uploads") => Op::ListMultipartUploads,
+            Method::GET | Method::HEAD if q("versions") => Op::ListObjectVersions,
+            Method::GET | Method::HEAD if q("list-type") => Op::ListObjectsV2,
+            Method::HEAD => Op::HeadBucket,
+            Method::GET if query.is_empty() => Op::ListObjects,
+            Method::GET => Op::GetBucketConfig,
+            Method::PUT if query.is_empty() => Op::CreateBucket,
+            Method::PUT => Op::PutBucketConfig,
+            Method::DELETE if query.is_empty() => Op::DeleteBucket,
+            Method::DELETE => Op::DeleteBucketConfig,
+            Method::POST if q("delete") => Op::DeleteObjects,
             Method::POST => return unsupported("browser-form POST upload"),
             _ => return unsupported("this bucket request"),
         },
         (true, true) => match *method {
-            Method::GET | Method::HEAD => {
-                let name = if q("tagging") {
-                    "GetObjectTagging"
-                } else if q("acl") {
-                    "GetObjectAcl"
-                } else if q("uploadId") {
-                    "ListParts"
-                } else if *method == Method::HEAD {
-                    "HeadObject"
-                } else {
-                    "GetObject"
-                };
-                op(name, Access::ObjectRead, false)
-            }
-            Method::PUT => {
-                let (name, stamps) = if q("partNumber") && q("uploadId") {
-                    if copy {
-                        ("UploadPartCopy", false)
-                    } else {
-                        ("UploadPart", false)
-                    }
-                } else if q("tagging") {
-                    ("PutObjectTagging", false)
-                } else if q("acl") {
-                    ("PutObjectAcl", false)
-                } else if q("retention") {
-                    ("PutObjectRetention", false)
-                } else if q("legal-hold") {
-                    ("PutObjectLegalHold", false)
-                } else if copy {
-                    ("CopyObject", true)
-                } else {
-                    // Anything else that PUTs to a key is fenced like a PutObject.
-                    ("PutObject", true)
-                };
-                op(name, Access::ObjectWrite, stamps)
-            }
-            Method::POST if q("uploads") => op("CreateMultipartUpload", Access::ObjectWrite, true),
-            Method::POST if q("uploadId") => {
-                op("CompleteMultipartUpload", Access::ObjectWrite, false)
-            }
-            Method::POST if q("select") => op("SelectObjectContent", Access::ObjectRead, false),
-            Method::POST if q("restore") => op("RestoreObject", Access::ObjectWrite, false),
-            Method::DELETE => {
-                let name = if q("uploadId") {
-                    "AbortMultipartUpload"
-                } else if q("tagging") {
-                    "DeleteObjectTagging"
-                } else {
-                    "DeleteObject"
-                };
-                op(name, Access::ObjectWrite, false)
-            }
+            Method::GET | Method::HEAD if q("tagging") => Op::GetObjectTagging,
+            Method::GET | Method::HEAD if q("acl") => Op::GetObjectAcl,
+            Method::GET | Method::HEAD if q("uploadId") => Op::ListParts,
+            Method::HEAD => Op::HeadObject,
+            Method::GET => Op::GetObject,
+            Method::PUT if q("partNumber") && q("uploadId") && copy => Op::UploadPartCopy,
+            Method::PUT if q("partNumber") && q("uploadId") => Op::UploadPart,
+            Method::PUT if q("tagging") => Op::PutObjectTagging,
+            Method::PUT if q("acl") => Op::PutObjectAcl,
+            Method::PUT if q("retention") => Op::PutObjectRetention,
+            Method::PUT if q("legal-hold") => Op::PutObjectLegalHold,
+            Method::PUT if copy => Op::CopyObject,
+            Method::PUT => Op::PutObject,
+            Method::POST if q("uploads") => Op::CreateMultipartUpload,
+            Method::POST if q("uploadId") => Op::CompleteMultipartUpload,
+            Method::POST if q("select") => Op::SelectObjectContent,
+            Method::POST if q("restore") => Op::RestoreObject,
+            Method::DELETE if q("uploadId") => Op::AbortMultipartUpload,
+            Method::DELETE if q("tagging") => Op::DeleteObjectTagging,
+            Method::DELETE => Op::DeleteObject,
             _ => return unsupported("this object request"),
         },
+    };
+    if op.writes_content_indirectly()
+        && let Some(k) = key.as_deref().filter(|k| k.ends_with('/'))
+    {
+        return Err(S3Error::InvalidObjectName(format!(
+            "{} to {k:?}: a key ending in '/' is a folder marker, written only by PutObject",
+            op.name()
+        )));
+    }
+    let copy_source = match headers.get("x-amz-copy-source") {
+        Some(v) if op.copies() => Some(CopySource::parse(v.as_bytes())?),
+        _ => None,
+    };
+    let upload_id =
+        if op.inherits_upload_token() {
+            let id = query
+                .iter()
+                .find(|(k, _)| k == "uploadId")
+                .map(|(_, v)| v.clone());
+            Some(id.filter(|i| !i.is_empty()).ok_or_else(|| {
+                S3Error::InvalidArgument(format!("{} needs an uploadId", op.name()))
+            })?)
+        } else {
+            None
+        };
+    Ok(Operation {
+        op,
+        bucket,
+        key,
+        copy_source,
+        upload_id,
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::names::split_path;
     use super::*;
 
-    fn c(method: Method, path: &str, query: &[(&str, &str)], copy: bool) -> Operation {
+    fn classify_path(method: Method, path: &str, query: &[(&str, &str)], copy: bool) -> Operation {
         let (b, k) = split_path(path).unwrap();
         let q: Vec<(String, String)> = query
             .iter()
@@ -256,112 +313,255 @@ mod tests {
         classify(&method, b, k, &q, &h).unwrap()
     }
 
+    /// One row: method, path, query, copy header → operation and access.
+    type Row<'a> = (Method, &'a str, &'a [(&'a str, &'a str)], bool, Op, Access);
+
+    /// (method, path, query, copy header) → operation, as a table.
     #[test]
-    fn classifies_fenced_writes() {
-        let w = |m, p, q: &[(&str, &str)], copy| {
-            let o = c(m, p, q, copy);
-            assert_eq!(o.access, Access::ObjectWrite, "{}", o.name);
-            o.name
-        };
-        assert_eq!(w(Method::PUT, "/b/k", &[], false), "PutObject");
-        assert_eq!(w(Method::PUT, "/b/k", &[], true), "CopyObject");
-        assert_eq!(
-            w(
-                Method::PUT,
+    fn classification_table() {
+        use Method as M;
+        let part = &[("partNumber", "1"), ("uploadId", "u")][..];
+        let table: &[Row] = &[
+            (
+                M::PUT,
                 "/b/k",
-                &[("partNumber", "1"), ("uploadId", "u")],
-                false
+                &[],
+                false,
+                Op::PutObject,
+                Access::ObjectWrite,
             ),
-            "UploadPart"
-        );
-        assert_eq!(
-            w(
-                Method::PUT,
+            (
+                M::PUT,
                 "/b/k",
-                &[("partNumber", "1"), ("uploadId", "u")],
-                true
+                &[],
+                true,
+                Op::CopyObject,
+                Access::ObjectWrite,
             ),
-            "UploadPartCopy"
-        );
-        assert_eq!(
-            w(Method::POST, "/b/k", &[("uploads", "")], false),
-            "CreateMultipartUpload"
-        );
-        assert_eq!(
-            w(Method::POST, "/b/k", &[("uploadId", "u")], false),
-            "CompleteMultipartUpload"
-        );
-        assert_eq!(
-            w(Method::DELETE, "/b/k", &[("uploadId", "u")], false),
-            "AbortMultipartUpload"
-        );
-        assert_eq!(w(Method::DELETE, "/b/k", &[], false), "DeleteObject");
-        assert_eq!(
-            w(Method::PUT, "/b/k", &[("tagging", "")], false),
-            "PutObjectTagging"
-        );
-        assert_eq!(
-            w(Method::DELETE, "/b/k", &[("tagging", "")], false),
-            "DeleteObjectTagging"
-        );
-        assert_eq!(
-            w(Method::PUT, "/b/k", &[("acl", "")], false),
-            "PutObjectAcl"
-        );
-        assert_eq!(
-            w(Method::PUT, "/b/k", &[("retention", "")], false),
-            "PutObjectRetention"
-        );
-        assert_eq!(
-            w(Method::PUT, "/b/k", &[("legal-hold", "")], false),
-            "PutObjectLegalHold"
-        );
+            (
+                M::PUT,
+                "/b/k",
+                part,
+                false,
+                Op::UploadPart,
+                Access::ObjectWrite,
+            ),
+            (
+                M::PUT,
+                "/b/k",
+                part,
+                true,
+                Op::UploadPartCopy,
+                Access::ObjectWrite,
+            ),
+            (
+                M::POST,
+                "/b/k",
+                &[("uploads", "")],
+                false,
+                Op::CreateMultipartUpload,
+                Access::ObjectWrite,
+            ),
+            (
+                M::POST,
+                "/b/k",
+                &[("uploadId", "u")],
+                false,
+                Op::CompleteMultipartUpload,
+                Access::ObjectWrite,
+            ),
+            (
+                M::DELETE,
+                "/b/k",
+                &[("uploadId", "u")],
+                false,
+                Op::AbortMultipartUpload,
+                Access::ObjectWrite,
+            ),
+            (
+                M::DELETE,
+                "/b/k",
+                &[],
+                false,
+                Op::DeleteObject,
+                Access::ObjectWrite,
+            ),
+            (
+                M::PUT,
+                "/b/k",
+                &[("tagging", "")],
+                false,
+                Op::PutObjectTagging,
+                Access::ObjectWrite,
+            ),
+            (
+                M::DELETE,
+                "/b/k",
+                &[("tagging", "")],
+                false,
+                Op::DeleteObjectTagging,
+                Access::ObjectWrite,
+            ),
+            (
+                M::PUT,
+                "/b/k",
+                &[("acl", "")],
+                false,
+                Op::PutObjectAcl,
+                Access::ObjectWrite,
+            ),
+            (
+                M::PUT,
+                "/b/k",
+                &[("retention", "")],
+                false,
+                Op::PutObjectRetention,
+                Access::ObjectWrite,
+            ),
+            (
+                M::PUT,
+                "/b/k",
+                &[("legal-hold", "")],
+                false,
+                Op::PutObjectLegalHold,
+                Access::ObjectWrite,
+            ),
+            (
+                M::PUT,
+                "/b/k",
+                &[("uploadId", "u")],
+                false,
+                Op::PutObject,
+                Access::ObjectWrite,
+            ),
+            (
+                M::GET,
+                "/b/k",
+                &[],
+                false,
+                Op::GetObject,
+                Access::ObjectRead,
+            ),
+            (
+                M::HEAD,
+                "/b/k",
+                &[],
+                false,
+                Op::HeadObject,
+                Access::ObjectRead,
+            ),
+            (
+                M::GET,
+                "/b/k",
+                &[("uploadId", "u")],
+                false,
+                Op::ListParts,
+                Access::ObjectRead,
+            ),
+            (
+                M::GET,
+                "/b",
+                &[("list-type", "2")],
+                false,
+                Op::ListObjectsV2,
+                Access::BucketRead,
+            ),
+            (
+                M::GET,
+                "/b",
+                &[],
+                false,
+                Op::ListObjects,
+                Access::BucketRead,
+            ),
+            (
+                M::PUT,
+                "/b",
+                &[],
+                false,
+                Op::CreateBucket,
+                Access::BucketWrite,
+            ),
+            (
+                M::PUT,
+                "/b",
+                &[("lifecycle", "")],
+                false,
+                Op::PutBucketConfig,
+                Access::BucketWrite,
+            ),
+            (
+                M::DELETE,
+                "/b/",
+                &[],
+                false,
+                Op::DeleteBucket,
+                Access::BucketWrite,
+            ),
+            (
+                M::POST,
+                "/b",
+                &[("delete", "")],
+                false,
+                Op::DeleteObjects,
+                Access::MultiDelete,
+            ),
+            (M::GET, "/", &[], false, Op::ListBuckets, Access::Service),
+        ];
+        for (m, path, q, copy, op, access) in table {
+            let o = classify_path(m.clone(), path, q, *copy);
+            assert_eq!((o.op, o.access()), (*op, *access), "{m} {path} {q:?}");
+        }
     }
 
     #[test]
-    fn virtual_host_style() {
-        let d = vec!["s3.example.com".to_string()];
-        assert_eq!(
-            bucket_from_host("demo.s3.example.com:9000", &d),
-            Some("demo")
-        );
-        assert_eq!(bucket_from_host("s3.example.com:9000", &d), None);
-        assert_eq!(bucket_from_host("demo.other.com", &d), None);
-        let (b, k) = split_request(Some("demo.s3.example.com"), "/a/b%20c", &d).unwrap();
-        assert_eq!((b.as_deref(), k.as_deref()), (Some("demo"), Some("a/b c")));
-        let (b, k) = split_request(Some("s3.example.com"), "/demo/a", &d).unwrap();
-        assert_eq!((b.as_deref(), k.as_deref()), (Some("demo"), Some("a")));
-        let (b, k) = split_request(Some("demo.s3.example.com"), "/", &d).unwrap();
-        assert_eq!((b.as_deref(), k), (Some("demo"), None));
+    fn folder_markers_are_written_by_put_only() {
+        let mut h = HeaderMap::new();
+        h.insert("x-amz-copy-source", "/src/k".parse().unwrap());
+        let folder = || (Some("b".to_string()), Some("a/".to_string()));
+        let (b, k) = folder();
+        assert!(classify(&Method::PUT, b, k, &[], &h).is_err());
+        let (b, k) = folder();
+        let uploads = [("uploads".to_string(), String::new())];
+        assert!(classify(&Method::POST, b, k, &uploads, &HeaderMap::new()).is_err());
+        let (b, k) = folder();
+        let put = classify(&Method::PUT, b, k, &[], &HeaderMap::new()).unwrap();
+        assert_eq!(put.op, Op::PutObject);
     }
 
     #[test]
-    fn classifies_reads_and_bucket_ops() {
-        assert_eq!(
-            c(Method::GET, "/b/a%20b/c", &[], false).key.as_deref(),
-            Some("a b/c")
+    fn upload_ids_belong_to_multipart_requests_only() {
+        let put = classify_path(Method::PUT, "/b/k", &[("uploadId", "u")], false);
+        assert_eq!(put.upload_id, None);
+        let list = classify_path(Method::GET, "/b/k", &[("uploadId", "u")], false);
+        assert_eq!(list.upload_id, None);
+        let part = classify_path(
+            Method::PUT,
+            "/b/k",
+            &[("partNumber", "1"), ("uploadId", "u")],
+            false,
         );
-        assert_eq!(
-            c(Method::GET, "/b/k", &[], false).access,
-            Access::ObjectRead
-        );
-        assert_eq!(
-            c(Method::HEAD, "/b/k", &[], false).access,
-            Access::ObjectRead
-        );
-        assert_eq!(
-            c(Method::GET, "/b", &[("list-type", "2")], false).access,
-            Access::BucketRead
-        );
-        assert_eq!(c(Method::PUT, "/b", &[], false).access, Access::BucketWrite);
-        assert_eq!(
-            c(Method::DELETE, "/b/", &[], false).access,
-            Access::BucketWrite
-        );
-        assert_eq!(
-            c(Method::POST, "/b", &[("delete", "")], false).access,
-            Access::MultiDelete
-        );
-        assert_eq!(c(Method::GET, "/", &[], false).access, Access::Service);
+        assert_eq!(part.upload_id.as_deref(), Some("u"));
+    }
+
+    #[test]
+    fn copy_source_is_parsed_for_copies_only() {
+        let copy = classify_path(Method::PUT, "/b/k", &[], true);
+        assert_eq!(copy.copy_source.unwrap().bucket, "src");
+        let mut h = HeaderMap::new();
+        h.insert("x-amz-copy-source", "oth%2Fk".parse().unwrap());
+        let o = classify(&Method::PUT, Some("b".into()), Some("k".into()), &[], &h).unwrap();
+        assert_eq!(o.copy_source.unwrap().bucket, "oth");
+        h.insert("x-amz-copy-source", "oth".parse().unwrap());
+        assert!(classify(&Method::PUT, Some("b".into()), Some("k".into()), &[], &h).is_err());
+        let post = classify(
+            &Method::POST,
+            Some("b".into()),
+            Some("k".into()),
+            &[("uploads".into(), String::new())],
+            &h,
+        )
+        .unwrap();
+        assert!(post.copy_source.is_none());
     }
 }

@@ -84,6 +84,8 @@ const DROPPED: &[&str] = &[
     "x-amz-security-token",
     "x-amz-decoded-content-length",
     "x-amz-trailer",
+    // Forwarded only as fencegate parsed it, on copies (see s3::names).
+    "x-amz-copy-source",
 ];
 
 /// Response headers that are not passed back (hop-by-hop).
@@ -145,6 +147,12 @@ impl Upstream {
             host,
             timeout,
         })
+    }
+
+    /// How long a backend may take to answer (and, for an answer's body,
+    /// between two pieces of it).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn target(&self) -> &BackendTarget {

@@ -1,6 +1,9 @@
 //! The embedded default backend: an S3 server on a local directory (s3s-fs),
 //! started in-process on a loopback port with a random credential, so that
-//! fencegate forwards to it exactly as it forwards to a real store.
+//! fencegate forwards to it exactly as it forwards to a real store. The
+//! credential is kept in the data directory (`embedded.key`, mode 0600):
+//! s3s-fs ties an open multipart upload to the key that began it, so a new
+//! key per start would break every upload open across a restart.
 
 use super::client::BackendTarget;
 use hyper::server::conn::http1;
@@ -19,13 +22,39 @@ fn random_token(len: usize) -> String {
         .collect()
 }
 
-/// Starts the embedded store on `root` and returns how to reach it.
-pub async fn start(root: &Path, region: &str) -> Result<BackendTarget, String> {
+/// The embedded store's credential: read from `path`, or made and saved
+/// there on first start.
+fn credential(path: &Path) -> Result<(String, String), String> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let mut lines = text.lines();
+        return match (lines.next(), lines.next()) {
+            (Some(k), Some(s)) if !k.is_empty() && !s.is_empty() => Ok((k.into(), s.into())),
+            _ => Err(format!(
+                "{} is damaged: remove it to make a new one",
+                path.display()
+            )),
+        };
+    }
+    let key = (format!("EMB{}", random_token(17)), random_token(40));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    std::io::Write::write_all(&mut f, format!("{}\n{}\n", key.0, key.1).as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(key)
+}
+
+/// Starts the embedded store on `root` (its credential in `key_file`) and
+/// returns how to reach it.
+pub async fn start(root: &Path, key_file: &Path, region: &str) -> Result<BackendTarget, String> {
     std::fs::create_dir_all(root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
     let fs = s3s_fs::FileSystem::new(root)
         .map_err(|e| format!("embedded store at {}: {e:?}", root.display()))?;
-    let access_key_id = format!("EMB{}", random_token(17));
-    let secret_access_key = random_token(40);
+    let (access_key_id, secret_access_key) = credential(key_file)?;
     let service = {
         let mut b = S3ServiceBuilder::new(fs);
         b.set_auth(SimpleAuth::from_single(
