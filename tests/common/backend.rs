@@ -4,6 +4,7 @@
 //! signatures: it stands in for the store, not for fencegate.
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -40,6 +41,7 @@ struct State {
     objects: Mutex<HashMap<String, Bytes>>,
     events: Mutex<Vec<Event>>,
     stalled_tokens: Mutex<HashSet<u64>>,
+    early_tokens: Mutex<HashSet<u64>>,
     released: Mutex<HashSet<u64>>,
     bytes_received: Mutex<u64>,
     changed: Notify,
@@ -138,6 +140,13 @@ impl TestBackend {
         self.state.stalled_tokens.lock().unwrap().insert(token);
     }
 
+    /// Stalled writes with `token` are answered the way S3 answers a copy
+    /// or CompleteMultipartUpload: a `200` head at once, white space while
+    /// stalled, and the result at the end of the body, once released.
+    pub fn answer_early(&self, token: u64) {
+        self.state.early_tokens.lock().unwrap().insert(token);
+    }
+
     pub fn release(&self, token: u64) {
         self.state.released.lock().unwrap().insert(token);
         self.state.changed.notify_waiters();
@@ -180,7 +189,59 @@ fn record(st: &State, e: Event) {
     st.changed.notify_waiters();
 }
 
-async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+type TestBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<TestBody> {
+    match handle_write_or_read(st, req).await {
+        Ok(full) => full.map(BodyExt::boxed),
+        Err(streaming) => streaming,
+    }
+}
+
+/// Waits until `token` is released.
+async fn released(st: &State, token: u64) {
+    loop {
+        let notified = st.changed.notified();
+        if st.released.lock().unwrap().contains(&token) {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// The early-answer form of a stalled write (see `answer_early`).
+fn answer_early(st: Arc<State>, key: String, data: Vec<u8>, token: u64) -> Response<TestBody> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    tokio::spawn(async move {
+        let _ = tx.send(Bytes::from_static(b" \n")).await;
+        released(&st, token).await;
+        st.objects
+            .lock()
+            .unwrap()
+            .insert(key.clone(), Bytes::from(data));
+        record(
+            &st,
+            Event::Responded {
+                key,
+                token: Some(token),
+            },
+        );
+        let _ = tx
+            .send(Bytes::from_static(
+                b"<CopyObjectResult><ETag>\"e\"</ETag></CopyObjectResult>",
+            ))
+            .await;
+    });
+    let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        .map(|b| Ok::<_, std::convert::Infallible>(http_body::Frame::data(b)));
+    Response::new(BodyExt::boxed(http_body_util::StreamBody::new(frames)))
+}
+
+/// `Err` carries an answer whose body streams (the early-answer form).
+async fn handle_write_or_read(
+    st: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Response<TestBody>> {
     let method = req.method().to_string();
     let raw_path = req.uri().path().to_string();
     let mut path = raw_path.trim_start_matches('/').to_string();
@@ -220,10 +281,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>>
                     }
                     Some(Err(_)) => {
                         record(&st, Event::BodyAborted { key, token });
-                        return Response::builder()
+                        return Ok(Response::builder()
                             .status(400)
                             .body(Full::default())
-                            .unwrap();
+                            .unwrap());
                     }
                     None => break,
                 }
@@ -238,26 +299,23 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>>
             if let Some(t) = token
                 && st.stalled_tokens.lock().unwrap().contains(&t)
             {
-                loop {
-                    let notified = st.changed.notified();
-                    if st.released.lock().unwrap().contains(&t) {
-                        break;
-                    }
-                    notified.await;
+                if st.early_tokens.lock().unwrap().contains(&t) {
+                    return Err(answer_early(st.clone(), key, data, t));
                 }
+                released(&st, t).await;
             }
             st.objects
                 .lock()
                 .unwrap()
                 .insert(key.clone(), Bytes::from(data));
             record(&st, Event::Responded { key, token });
-            Response::builder()
+            Ok(Response::builder()
                 .status(200)
                 .header("etag", "\"test-etag\"")
                 .body(Full::default())
-                .unwrap()
+                .unwrap())
         }
-        "GET" => match st.objects.lock().unwrap().get(&key) {
+        "GET" => Ok(match st.objects.lock().unwrap().get(&key) {
             Some(b) => Response::new(Full::new(b.clone())),
             None => Response::builder()
                 .status(404)
@@ -265,8 +323,8 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<Full<Bytes>>
                     b"<Error><Code>NoSuchKey</Code></Error>",
                 )))
                 .unwrap(),
-        },
-        _ => Response::new(Full::default()),
+        }),
+        _ => Ok(Response::new(Full::default())),
     }
 }
 

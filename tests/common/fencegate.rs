@@ -68,6 +68,17 @@ impl Fencegate {
         extra: &str,
         env: &[(&str, &str)],
     ) -> Fencegate {
+        Self::start_full(backend, server_lines, "", extra, env)
+    }
+
+    /// Like `start_env`, with `backend_lines` added to the `[backend]` table.
+    pub fn start_full(
+        backend: Backend,
+        server_lines: &str,
+        backend_lines: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Fencegate {
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -96,6 +107,7 @@ impl Fencegate {
                 "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nregion = \"garage\"\naccess_key_id = \"{access_key}\"\nsecret_access_key = \"{secret_key}\"\n"
             ),
         };
+        let backend_toml = format!("{backend_toml}{backend_lines}\n");
         let has_fence_table = extra.contains("[fence]");
         let config = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{data}\"\n{server_lines}\n\n{fence}{backend_toml}\n\
