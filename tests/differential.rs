@@ -66,7 +66,7 @@ async fn differential(which: Which) {
     let w = World::start(which).await;
     let mut before = w.snapshot().await;
     let mut reports = Vec::new();
-    let mut caught_tags: BTreeMap<String, usize> = BTreeMap::new();
+    let mut caught: BTreeMap<String, usize> = BTreeMap::new();
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
     for index in 0..cases {
         let case = shapes::case(seed, index);
@@ -117,9 +117,7 @@ async fn differential(which: Which) {
             let r = check::report(seed, &observed, &violations);
             eprintln!("[{which:?}] {r}");
             reports.push(r);
-            for tag in &case.tags {
-                *caught_tags.entry(tag.clone()).or_default() += 1;
-            }
+            *caught.entry(check::cause(&case)).or_default() += 1;
         }
 
         // Clean up for the next case: `shared` never keeps `oth`'s secret
@@ -149,9 +147,9 @@ async fn differential(which: Which) {
         elapsed.as_secs_f64()
     );
     if !reports.is_empty() {
-        summary.push_str("  violating cases by tag:\n");
-        for (tag, n) in &caught_tags {
-            summary.push_str(&format!("    {n:5} {tag}\n"));
+        summary.push_str("  violating cases by what the request contains:\n");
+        for (cause, n) in &caught {
+            summary.push_str(&format!("    {n:5} {cause}\n"));
         }
     }
     eprintln!("{summary}");

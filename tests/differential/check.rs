@@ -9,7 +9,7 @@
 //! admin, and a limited credential's copy must not bring `oth`'s content
 //! into `shared`.
 
-use super::shapes::{Case, Cred};
+use super::shapes::{Case, Cred, Shape};
 use super::world::{Exchange, Snapshot};
 use std::collections::BTreeMap;
 
@@ -159,4 +159,56 @@ pub fn report(seed: u64, o: &Observed, violations: &[String]) -> String {
     }
     s.push_str(&format!("    tags: {}\n", c.tags.join(" ")));
     s
+}
+
+/// Why a violating case is interesting, read off the request (not off
+/// fencegate or the backend): which of the known ways to read a request
+/// twice it contains. Used to count what a run caught.
+pub fn cause(c: &Case) -> String {
+    let mut causes = Vec::new();
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(&c.path).collect();
+    let decoded = String::from_utf8_lossy(&decoded);
+    let segs: Vec<&str> = decoded.split('/').skip(1).collect();
+    // Path style: the first segment is the bucket.
+    let key_segs = if c.host.is_some() {
+        &segs[..]
+    } else {
+        &segs[segs.len().min(1)..]
+    };
+    if key_segs.contains(&"..") {
+        causes.push("path ..");
+    } else if key_segs.contains(&".") {
+        causes.push("path .");
+    }
+    if key_segs.len() > 1 && key_segs[..key_segs.len() - 1].contains(&"") {
+        causes.push("path //");
+    }
+    if let Some((_, src)) = c.headers.iter().find(|(k, _)| k == "x-amz-copy-source") {
+        let raw_bucket = src.trim_start_matches('/').split('/').next().unwrap_or("");
+        if raw_bucket.contains("%2F") || src.starts_with("%2F") {
+            causes.push("copy source %2F");
+        }
+        if src.contains("..") {
+            causes.push("copy source ..");
+        }
+    }
+    if c.shape == Shape::MultiDelete {
+        let body = String::from_utf8_lossy(c.body.as_deref().unwrap_or_default());
+        if body.contains("<![CDATA[") && body.contains("]]></")
+            || body.contains("<!--")
+            || body.contains("<?pi")
+        {
+            causes.push("xml key in pieces (CDATA/comment/PI)");
+        }
+        if body.contains("x/../") {
+            causes.push("xml key with ..");
+        }
+    }
+    if c.query.iter().any(|q| q.contains("lifecycle")) {
+        causes.push("?lifecycle");
+    }
+    if causes.is_empty() {
+        causes.push("other");
+    }
+    causes.join(" + ")
 }
