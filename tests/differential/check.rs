@@ -157,6 +157,7 @@ pub fn report(seed: u64, o: &Observed, violations: &[String]) -> String {
     for v in violations {
         s.push_str(&format!("    VIOLATION: {v}\n"));
     }
+    s.push_str(&format!("    contains: {}\n", cause(c)));
     s.push_str(&format!("    tags: {}\n", c.tags.join(" ")));
     s
 }
@@ -182,6 +183,9 @@ pub fn cause(c: &Case) -> String {
     }
     if key_segs.len() > 1 && key_segs[..key_segs.len() - 1].contains(&"") {
         causes.push("path //");
+    }
+    if key_segs.len() > 1 && key_segs.last() == Some(&"") && c.shape != Shape::MultiDelete {
+        causes.push("key ends in /");
     }
     if let Some((_, src)) = c.headers.iter().find(|(k, _)| k == "x-amz-copy-source") {
         let raw_bucket = src.trim_start_matches('/').split('/').next().unwrap_or("");
