@@ -11,7 +11,8 @@
 //! must have been fenced under its own name with the case's token, by a
 //! credential allowed on its bucket.
 //!
-//! `DIFF_SEED` and `DIFF_CASES` (per backend) override the defaults;
+//! `DIFF_SEED` and `DIFF_CASES` (per backend) override the defaults,
+//! `DIFF_VERBOSE=1` prints every case;
 //! `scripts/differential` runs many cases; docs/testing-differential.md.
 
 #[path = "differential/check.rs"]
@@ -62,6 +63,8 @@ async fn moto() {
 async fn differential(which: Which) {
     let seed = env_num("DIFF_SEED", DEFAULT_SEED);
     let cases = env_num("DIFF_CASES", DEFAULT_CASES as u64) as usize;
+    // DIFF_VERBOSE=1: one line per case, violating or not.
+    let verbose = env_num("DIFF_VERBOSE", 0) != 0;
     let started = Instant::now();
     let w = World::start(which).await;
     let mut before = w.snapshot().await;
@@ -113,6 +116,22 @@ async fn differential(which: Which) {
             leaked: &leaked,
         };
         let violations = check::judge(&observed);
+        if verbose {
+            let got: Vec<String> = exchanges
+                .iter()
+                .map(|e| format!("{} {}", e.status, e.code.as_deref().unwrap_or("")))
+                .collect();
+            eprintln!(
+                "[{which:?}] case {index} {:?} {:?} {} {}?{} host={:?} -> {got:?}, {} violation(s)",
+                case.shape,
+                case.cred,
+                case.method,
+                case.path,
+                case.query.join("&"),
+                case.host,
+                violations.len()
+            );
+        }
         if !violations.is_empty() {
             let r = check::report(seed, &observed, &violations);
             eprintln!("[{which:?}] {r}");
