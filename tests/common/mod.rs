@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod fencegate;
 pub mod garage;
 pub mod lock_holder;
+pub mod moto;
 pub mod raw;
 pub mod zookeeper;
 

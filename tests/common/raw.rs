@@ -320,9 +320,16 @@ impl RawClient {
         } else {
             SignableBody::Precomputed(content_sha.clone())
         };
+        // The wire carries `req.path` byte for byte (`..`, `//`, `%2F` and
+        // all); the signature covers its canonical form.
+        let signing_url = if req.query.is_empty() {
+            format!("{}{}", self.base, canonical_path(&req.path))
+        } else {
+            format!("{}{}?{}", self.base, canonical_path(&req.path), req.query)
+        };
         let signable = SignableRequest::new(
             req.method.as_str(),
-            url.as_str(),
+            signing_url.as_str(),
             headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             signable_body,
         )
@@ -384,6 +391,25 @@ impl RawClient {
             body: String::from_utf8_lossy(&body).into_owned(),
         })
     }
+}
+
+/// The canonical URI SigV4 signs for S3 (and fencegate verifies): the path
+/// percent-decoded, then every byte but the unreserved ones and `/`
+/// encoded as `%XX`. No `.`/`..` or `//` normalisation: S3 keys keep them.
+/// aws-sigv4 (single-encoding mode) signs the path it is given as it is, so
+/// a raw path such as `/b/a%2Fb`, `/b/a+b` or `/b/%2e/k` must be signed in
+/// this form while it goes on the wire untouched.
+pub fn canonical_path(raw: &str) -> String {
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(raw).collect();
+    let mut out = String::with_capacity(decoded.len() * 3);
+    for b in decoded {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.is_empty() { "/".into() } else { out }
 }
 
 fn presign_settings() -> SigningSettings {
