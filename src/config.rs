@@ -97,8 +97,10 @@ pub struct FenceConfig {
     /// closed to newer tokens this long: the longest the backend may take to
     /// apply a request it already has.
     pub quarantine_ms: u64,
-    /// Refuse a token in the `token_header` that the request's signature
-    /// does not cover (a presigned URL always refuses one).
+    /// Treat a `token_header` that the request's signature does not cover
+    /// as a presigned URL always does: ignored beside a signed carrier,
+    /// refused alone. Off by default: rclone's `--header` is added after
+    /// signing.
     pub require_signed_token: bool,
     /// Resources whose fence is kept in memory; beyond this, idle ones are
     /// dropped and read from the store again when next used.
@@ -257,7 +259,7 @@ impl Default for FenceConfig {
             stamp_metadata: "fencing-token".into(),
             admission_wait_ms: 10_000,
             quarantine_ms: 30_000,
-            require_signed_token: true,
+            require_signed_token: false,
             max_cached_resources: crate::fence::gate::DEFAULT_MAX_SLOTS,
         }
     }

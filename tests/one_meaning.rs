@@ -270,16 +270,18 @@ async fn a_write_holds_its_place_until_the_answer_body_is_complete() {
     assert_eq!(be.object("demo", "k").unwrap(), "new");
 }
 
-/// A token header that no signature covers cannot raise a fence.
+/// A token header that no signature covers cannot raise a fence: on a
+/// presigned URL it is refused alone and ignored beside a signed token.
 #[tokio::test]
-async fn unsigned_token_headers_are_refused() {
+async fn unsigned_token_headers_do_not_raise_fences() {
     let be = TestBackend::start().await;
     let fg = Fencegate::start(be.as_fencegate_backend(), "");
     let raw = RawClient::new(&fg.endpoint());
+    let unsigned = |t: u64| vec![("x-fencing-token".to_string(), t.to_string())];
     // A presigned GET plus a header the URL does not sign.
     let mut get = RawRequest::new(http::Method::GET, "/demo/k");
     get.presign = Some(Duration::from_secs(60));
-    get.after_signing = vec![("x-fencing-token".into(), u64::MAX.to_string())];
+    get.after_signing = unsigned(u64::MAX);
     let r = raw.send(get).await.unwrap();
     assert_eq!(
         (r.status, r.code()),
@@ -287,22 +289,46 @@ async fn unsigned_token_headers_are_refused() {
         "{}",
         r.body
     );
-    // The same on a header-signed PUT.
-    let mut put = RawRequest::put("/demo/k", "x");
-    put.after_signing = vec![("x-fencing-token".into(), "99".into())];
+    // Beside a signed query token, the unsigned header is ignored.
+    let mut put = RawRequest::put("/demo/k", "v5");
+    put.presign = Some(Duration::from_secs(60));
+    put.query = "x-fencing-token=5".into();
+    put.after_signing = unsigned(99);
     let r = raw.send(put).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The fence is 5, not 99 nor the maximum: token 6 writes.
+    let r = raw
+        .send(RawRequest::put("/demo/k", "v6").token(6))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(be.object("demo", "k").unwrap(), "v6");
+}
+
+/// With `require_signed_token`, header-signed requests get the presigned
+/// rule; without it (the default, for rclone) the header is taken.
+#[tokio::test]
+async fn require_signed_token_extends_the_rule_to_header_signed_requests() {
+    let be = TestBackend::start().await;
+    let strict = Fencegate::start(
+        be.as_fencegate_backend(),
+        "[fence]\nadmission_wait_ms = 5000\nrequire_signed_token = true\n",
+    );
+    let mut put = RawRequest::put("/demo/s", "x");
+    put.after_signing = vec![("x-fencing-token".into(), "99".into())];
+    let r = RawClient::new(&strict.endpoint()).send(put).await.unwrap();
     assert_eq!(
         (r.status, r.code()),
         (400, Some("InvalidFencingToken")),
         "{}",
         r.body
     );
-    assert!(!saw_key(&be.events(), "demo/k"));
-    // The fence did not move: token 1 still writes.
-    let r = raw
-        .send(RawRequest::put("/demo/k", "v1").token(1))
-        .await
-        .unwrap();
+    assert!(!saw_key(&be.events(), "demo/s"));
+
+    let lax = Fencegate::start(be.as_fencegate_backend(), "");
+    let mut put = RawRequest::put("/demo/s", "x");
+    put.after_signing = vec![("x-fencing-token".into(), "99".into())];
+    let r = RawClient::new(&lax.endpoint()).send(put).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
 }
 

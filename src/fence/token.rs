@@ -42,6 +42,25 @@ impl Carriers {
         headers: &HeaderMap,
         query: &[(String, String)],
     ) -> Result<Option<u64>, TokenError> {
+        self.extract_from(headers, query, true)
+    }
+
+    /// The token of the carriers other than the `header` one (for a request
+    /// whose signature does not cover that header).
+    pub fn extract_without_header(
+        &self,
+        headers: &HeaderMap,
+        query: &[(String, String)],
+    ) -> Result<Option<u64>, TokenError> {
+        self.extract_from(headers, query, false)
+    }
+
+    fn extract_from(
+        &self,
+        headers: &HeaderMap,
+        query: &[(String, String)],
+        use_header: bool,
+    ) -> Result<Option<u64>, TokenError> {
         let mut found: Option<u64> = None;
         let mut take = |v: u64| -> Result<(), TokenError> {
             match found {
@@ -52,10 +71,9 @@ impl Carriers {
                 }
             }
         };
-        for (name, label) in [
-            (&self.header, "token header"),
-            (&self.meta_header, "token metadata header"),
-        ] {
+        let header = use_header.then_some((&self.header, "token header"));
+        let meta = Some((&self.meta_header, "token metadata header"));
+        for (name, label) in [header, meta].into_iter().flatten() {
             let mut values = headers.get_all(name.as_str()).iter();
             if let Some(v) = values.next() {
                 if values.next().is_some() {

@@ -365,21 +365,30 @@ impl Proxy {
         verified: &Verified,
         op: &Operation,
     ) -> Result<Option<u64>, S3Error> {
+        // An unsigned token header is never used where a signature is
+        // required of it: it is ignored beside a signed carrier (rclone
+        // sends both), and refused alone (anyone holding a presigned URL
+        // could otherwise raise a fence for good).
         let header = self.carriers.header.as_str();
-        if head.headers.contains_key(header)
-            && !verified.signs_header(header)
-            && (verified.presigned || self.require_signed_token)
-        {
-            return Err(S3Error::InvalidFencingToken(format!(
-                "the {header} header is not covered by the request's signature: sign it, \
-                 or in a presigned URL carry the token in the {} query parameter",
-                self.carriers.query
-            )));
-        }
-        let token = self
-            .carriers
-            .extract(&head.headers, query)
-            .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?;
+        let unsigned_header = head.headers.contains_key(header) && !verified.signs_header(header);
+        let token = if unsigned_header && (verified.presigned || self.require_signed_token) {
+            let signed = self
+                .carriers
+                .extract_without_header(&head.headers, query)
+                .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?;
+            Some(signed.ok_or_else(|| {
+                S3Error::InvalidFencingToken(format!(
+                    "the {header} header is not covered by the request's signature: sign it, \
+                     or carry the token in the {} query parameter (covered by a presigned \
+                     URL's signature) or in the {} header (always signed)",
+                    self.carriers.query, self.carriers.meta_header,
+                ))
+            })?)
+        } else {
+            self.carriers
+                .extract(&head.headers, query)
+                .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?
+        };
         // (No tuple of borrows is held across an await here: that makes the
         // future's Send-ness unprovable to rustc.)
         let upload = match (token, &op.upload_id, &op.bucket, &op.key) {

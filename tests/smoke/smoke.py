@@ -78,7 +78,11 @@ def rclone(endpoint, *args, token=None):
     extra = ["--retries", "1", "--low-level-retries", "1", "--s3-upload-cutoff", "8M",
              "--s3-chunk-size", "8M"]
     if token is not None:
-        extra += ["--header-upload", f"x-fencing-token: {token}", "--header", f"x-fencing-token: {token}"]
+        # rclone adds --header after signing, and uploads single parts with a
+        # presigned PUT, where fencegate ignores an unsigned token header:
+        # uploads carry the token as metadata, which rclone signs.
+        extra += ["--header-upload", f"X-Amz-Meta-Fencing-Token: {token}",
+                  "--header", f"x-fencing-token: {token}"]
     return subprocess.run(["rclone", *extra, *args], env=env, capture_output=True, text=True)
 
 
