@@ -2,11 +2,13 @@
 //! object storage. See README.md and CONTRACT.md for what it guarantees.
 
 pub mod admin;
+pub mod body;
 pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod fence;
 pub mod locks;
+pub mod metric_names;
 pub mod proxy;
 pub mod s3;
 pub mod server;

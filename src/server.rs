@@ -3,7 +3,7 @@
 //! until SIGINT/SIGTERM, then drains in-flight requests.
 
 use crate::admin::Admin;
-use crate::admin::metrics as m;
+use crate::metric_names as m;
 use crate::config::{BackendKind, Config};
 use crate::fence::gate::Gate;
 use crate::fence::store::RedbStore;

@@ -6,9 +6,9 @@
 //! While a watch is down, the plain scheme still applies; the gauge
 //! `fencegate_eager_fencing_up{resource}` is 0 and a warning is logged.
 
-use super::config::{EagerConfig, LockRef, LocksConfig};
+use crate::config::locks::{EagerConfig, LockRef, LocksConfig};
 use super::etcd::Seen;
-use crate::admin::metrics as m;
+use crate::metric_names as m;
 use crate::fence::gate::{Gate, Refusal};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -7,9 +7,10 @@
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
-//! - [`config`] is the `[locks]` table and the `[[eager]]` entries.
+//!
+//! The `[locks]` table and the `[[eager]]` entries they read are in
+//! [`crate::config::locks`].
 
-pub mod config;
 pub mod eager;
 pub mod etcd;
 pub mod helper;

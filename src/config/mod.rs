@@ -4,10 +4,17 @@
 //! Every table denies unknown fields, so a typo is an error instead of a
 //! silently ignored setting.
 
+pub mod locks;
+
+use locks::{EagerConfig, LocksConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Default of `fence.max_cached_resources`: how many resources the gate
+/// keeps in memory before it evicts idle ones.
+pub const DEFAULT_MAX_CACHED_RESOURCES: usize = 100_000;
 
 /// Access key of the demo credential shipped in the sample config.
 pub const DEMO_ACCESS_KEY: &str = "fencegate-demo";
@@ -24,9 +31,9 @@ pub struct Config {
     pub rules: Vec<RuleConfig>,
     pub log: LogConfig,
     /// Where the lock services are (for eager fencing).
-    pub locks: crate::locks::config::LocksConfig,
+    pub locks: LocksConfig,
     /// Resources whose fence follows a lock (eager fencing).
-    pub eager: Vec<crate::locks::config::EagerConfig>,
+    pub eager: Vec<EagerConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -258,7 +265,7 @@ impl Default for FenceConfig {
             admission_wait_ms: 10_000,
             quarantine_ms: 30_000,
             require_signed_token: true,
-            max_cached_resources: crate::fence::gate::DEFAULT_MAX_SLOTS,
+            max_cached_resources: DEFAULT_MAX_CACHED_RESOURCES,
         }
     }
 }
@@ -463,7 +470,7 @@ impl Config {
                 ));
             }
         }
-        crate::locks::config::validate(&self.locks, &self.eager)?;
+        locks::validate(&self.locks, &self.eager)?;
         Ok(())
     }
 
