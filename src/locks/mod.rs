@@ -18,6 +18,18 @@ pub mod zookeeper;
 
 use std::time::Duration;
 
+/// What a lock watcher reports to eager fencing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// The watch is (re)established: eager fencing is up.
+    Up,
+    /// The watch is down (no connection, session lost): eager fencing is
+    /// degraded until the next `Up`.
+    Down,
+    /// The holder lost the lock: raise the fence to this token.
+    Raise { token: u64, why: String },
+}
+
 /// Why a lock could not be taken, or stopped being held.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
