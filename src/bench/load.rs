@@ -69,7 +69,7 @@ pub struct LoadArgs {
     /// go as UNSIGNED-PAYLOAD.
     #[arg(long, default_value = "16MiB", value_parser = super::parse_size)]
     pub sha256_limit: u64,
-    /// Keys are PREFIX/<size>/w<worker>: each worker rewrites its own key.
+    /// Keys are `PREFIX/<size>/w<worker>`: each worker rewrites its own key.
     #[arg(long, default_value = "bench")]
     pub key_prefix: String,
     /// Send CreateBucket first (an error answer is ignored).

@@ -1,5 +1,5 @@
-//! A request's life in fencegate, as named phases over one [`RequestCtx`]
-//! (see [`Proxy::process`], which reads as the list below):
+//! A request's life in fencegate, as named phases over one `RequestCtx`
+//! (see `Proxy::process`, which reads as the list below):
 //!
 //! 1. `check_head`: size limit, query parsed once;
 //! 2. `authenticate`: SigV4 against fencegate's credential table;
