@@ -8,9 +8,9 @@
 use crate::admin::Admin;
 use crate::body::full;
 use crate::config::{BackendKind, Config, ServerConfig};
-use crate::metric_names as m;
 use crate::fence::gate::Gate;
 use crate::fence::store::RedbStore;
+use crate::metric_names as m;
 use crate::proxy::Proxy;
 use crate::s3::error::S3Error;
 use crate::upstream::client::{BackendTarget, Upstream};
@@ -92,11 +92,21 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
 pub async fn run(cfg: Config) -> Result<(), StartError> {
     let services = start(&cfg).await?;
     let listeners = Listeners::bind(&cfg).await?;
-    let s3_addr = listeners.s3.local_addr().map_err(|e| StartError(e.to_string()))?;
-    let admin_addr = listeners.admin.local_addr().map_err(|e| StartError(e.to_string()))?;
+    let s3_addr = listeners
+        .s3
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    let admin_addr = listeners
+        .admin
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
     tracing::info!(%s3_addr, %admin_addr, backend = %services.backend_desc, kind = ?cfg.backend.kind, "fencegate started");
     // One machine-readable line on stdout, for scripts and tests.
-    let scheme = if services.tls.is_some() { "https" } else { "http" };
+    let scheme = if services.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     println!("fencegate listening s3={s3_addr} admin={admin_addr} scheme={scheme}");
     let _ = std::io::stdout().flush();
     serve(listeners, services, &cfg.server, shutdown_signal()).await;

@@ -156,7 +156,11 @@ async fn differential(which: Which) {
                 touched = true;
             }
         }
-        before = if touched { world.snapshot().await } else { after };
+        before = if touched {
+            world.snapshot().await
+        } else {
+            after
+        };
     }
 
     let elapsed = started.elapsed();

@@ -13,9 +13,9 @@
 pub mod client;
 pub mod metrics;
 
+use crate::body::{ProxyBody, full};
 use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
-use crate::body::{ProxyBody, full};
 use crate::s3::query;
 use crate::s3::sigv4::same_signature;
 use http::{Method, Request, Response, StatusCode};
@@ -119,12 +119,7 @@ impl Admin {
                 );
             }
         };
-        match self
-            .gate
-            .store()
-            .list(prefix, after, limit)
-            .await
-        {
+        match self.gate.store().list(prefix, after, limit).await {
             Ok(page) => {
                 let next = (page.len() == limit)
                     .then(|| page.last().map(|r| r.resource.clone()))

@@ -17,7 +17,11 @@ pub type Items<T, E> = Pin<Box<dyn Stream<Item = Result<T, E>> + Send>>;
 /// until the permit confirms the write was not aborted. Until then the
 /// backend cannot have a complete body. An abort while streaming ends the
 /// body with `stale(permit)`, which aborts the upstream request.
-pub fn commit_gate<T, E, F>(input: Items<T, E>, permit: Option<Arc<Permit>>, stale: F) -> Items<T, E>
+pub fn commit_gate<T, E, F>(
+    input: Items<T, E>,
+    permit: Option<Arc<Permit>>,
+    stale: F,
+) -> Items<T, E>
 where
     T: Send + 'static,
     E: Send + 'static,
@@ -95,9 +99,11 @@ mod tests {
     #[tokio::test]
     async fn gate_never_releases_last_frame_before_a_clean_end() {
         let parts: Vec<Result<&str, &str>> = vec![Ok("a"), Ok("b"), Err("incomplete body")];
-        let out: Vec<_> = commit_gate(Box::pin(futures_util::stream::iter(parts)), None, |_| {
-            "stale"
-        })
+        let out: Vec<_> = commit_gate(
+            Box::pin(futures_util::stream::iter(parts)),
+            None,
+            |_| "stale",
+        )
         .collect()
         .await;
         assert_eq!(out.len(), 2, "only the first frame and the error");

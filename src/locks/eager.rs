@@ -6,10 +6,10 @@
 //! While a watch is down, the plain scheme still applies; the gauge
 //! `fencegate_eager_fencing_up{resource}` is 0 and a warning is logged.
 
-use crate::config::locks::{EagerConfig, LockRef, LocksConfig};
 use super::Seen;
-use crate::metric_names as m;
+use crate::config::locks::{EagerConfig, LockRef, LocksConfig};
 use crate::fence::gate::{Gate, Refusal};
+use crate::metric_names as m;
 use std::sync::Arc;
 use std::sync::Mutex;
 

@@ -50,7 +50,11 @@ pub async fn acquire(
 ) -> Result<EtcdLock, LockError> {
     let mut client = connect(endpoints).await.map_err(service_error)?;
     let ttl_secs = ttl.as_secs().max(1) as i64;
-    let lease = client.lease_grant(ttl_secs, None).await.map_err(service_error)?.id();
+    let lease = client
+        .lease_grant(ttl_secs, None)
+        .await
+        .map_err(service_error)?
+        .id();
     let (lost_tx, mut lost) = watch::channel(None);
     let keeper = tokio::spawn(keep_alive(client.clone(), lease, ttl, lost_tx.clone()));
     let take = client.lock(name, Some(LockOptions::new().with_lease(lease)));

@@ -162,7 +162,6 @@ async fn guard(
     let _ = lost.send(Some(why));
 }
 
-
 /// Watches the lock in directory `path` and reports each time its holder
 /// goes away.
 ///

@@ -19,8 +19,8 @@
 
 use super::Proxy;
 use crate::body::{BoxError, ProxyBody};
-use crate::metric_names as m;
 use crate::fence::gate::Permit;
+use crate::metric_names as m;
 use crate::s3::error::S3Error;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;

@@ -31,12 +31,12 @@ mod forward;
 mod multi_delete;
 mod outgoing;
 
-use crate::metric_names as m;
 use crate::body::{ProxyBody, full};
 use crate::config::Config;
 use crate::fence::gate::{Gate, Kind, Permit};
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
+use crate::metric_names as m;
 use crate::s3::auth::{self, Credentials, Verified};
 use crate::s3::error::S3Error;
 use crate::s3::names;

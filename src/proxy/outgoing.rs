@@ -210,10 +210,8 @@ impl Proxy {
             HeaderValue::from_str(&enc.join(","))
                 .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
         );
-        out.headers.insert(
-            X_AMZ_DECODED_CONTENT_LENGTH,
-            HeaderValue::from(decoded_len),
-        );
+        out.headers
+            .insert(X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_len));
         out.headers.insert(
             X_AMZ_TRAILER,
             HeaderValue::from_str(&trailers.join(","))

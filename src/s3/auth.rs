@@ -172,7 +172,10 @@ struct Claim<'a> {
 impl Claim<'_> {
     /// `date/region/service/aws4_request`.
     fn scope(&self) -> String {
-        format!("{}/{}/{}/aws4_request", self.date, self.region, self.service)
+        format!(
+            "{}/{}/{}/aws4_request",
+            self.date, self.region, self.service
+        )
     }
 }
 
@@ -297,9 +300,8 @@ fn parse_auth_header<'a>(value: &'a str, amz_date: &'a str) -> Result<Claim<'a>,
 /// future.
 fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>, S3Error> {
     let malformed = |m: &str| S3Error::AuthorizationQueryParametersError(m.to_string());
-    let q = |n: &str| {
-        query_param(head.query, n).ok_or_else(|| malformed(&format!("{n} is missing")))
-    };
+    let q =
+        |n: &str| query_param(head.query, n).ok_or_else(|| malformed(&format!("{n} is missing")));
     if head.headers.contains_key(http::header::AUTHORIZATION) {
         return Err(malformed(
             "a request is signed in the header or the URL, not both",
@@ -308,8 +310,8 @@ fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>,
     if q("X-Amz-Algorithm")? != "AWS4-HMAC-SHA256" {
         return Err(malformed("X-Amz-Algorithm must be AWS4-HMAC-SHA256"));
     }
-    let [access_key, date, region, service] = split_credential(q("X-Amz-Credential")?)
-        .ok_or_else(|| {
+    let [access_key, date, region, service] =
+        split_credential(q("X-Amz-Credential")?).ok_or_else(|| {
             malformed("X-Amz-Credential must be KEY/DATE/REGION/SERVICE/aws4_request")
         })?;
     let amz_date = q("X-Amz-Date")?;
@@ -432,16 +434,24 @@ mod tests {
     use super::*;
     use crate::s3::sigv4::EMPTY_SHA256;
 
+    /// A table of one credential, allowed every bucket.
+    fn one_credential(key: &str, secret: &str) -> Credentials {
+        Credentials::new(&[Credential {
+            access_key_id: key.into(),
+            secret_access_key: secret.into(),
+            buckets: vec!["*".into()],
+            bucket_admin: false,
+        }])
+    }
+
     // The GET Object example of the AWS SigV4 documentation for S3
     // ("Example: GET Object" with a Range header).
     #[test]
     fn aws_documentation_get_object_example() {
-        let creds = Credentials::new(&[Credential {
-            access_key_id: "AKIAIOSFODNN7EXAMPLE".into(),
-            secret_access_key: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
-            buckets: vec!["*".into()],
-            bucket_admin: false,
-        }]);
+        let creds = one_credential(
+            "AKIAIOSFODNN7EXAMPLE",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        );
         let mut h = HeaderMap::new();
         h.insert("host", "examplebucket.s3.amazonaws.com".parse().unwrap());
         h.insert("range", "bytes=0-9".parse().unwrap());
@@ -502,7 +512,10 @@ mod tests {
         let day = &amz_date[..8];
         let scope = format!("{day}/us-east-1/s3/aws4_request");
         let key = signing_key(secret, day, "us-east-1", "s3");
-        let signature = hex::encode(hmac(&key, string_to_sign(amz_date, &scope, &canonical).as_bytes()));
+        let signature = hex::encode(hmac(
+            &key,
+            string_to_sign(amz_date, &scope, &canonical).as_bytes(),
+        ));
         let authz = format!(
             "AWS4-HMAC-SHA256 Credential=AK/{scope},SignedHeaders={},Signature={signature}",
             signed.join(";")
@@ -511,7 +524,11 @@ mod tests {
         h
     }
 
-    fn verify_get(creds: &Credentials, headers: &HeaderMap, amz_date: &str) -> Result<Verified, S3Error> {
+    fn verify_get(
+        creds: &Credentials,
+        headers: &HeaderMap,
+        amz_date: &str,
+    ) -> Result<Verified, S3Error> {
         let head = Head {
             method: "GET",
             raw_path: "/b/k",
@@ -527,12 +544,7 @@ mod tests {
     // signature pass.
     #[test]
     fn remembered_signing_key_follows_the_scope() {
-        let creds = Credentials::new(&[Credential {
-            access_key_id: "AK".into(),
-            secret_access_key: "SK".into(),
-            buckets: vec!["*".into()],
-            bucket_admin: false,
-        }]);
+        let creds = one_credential("AK", "SK");
         let day1 = "20240101T235959Z";
         let day2 = "20240102T000001Z";
         for at in [day1, day2, day1] {

@@ -9,8 +9,8 @@
 //! upstream only after the whole body verified (see `fence::commit`).
 
 use super::auth::Signing;
-use super::sigv4::{EMPTY_SHA256, same_signature, sha256_hex};
 use super::error::S3Error;
+use super::sigv4::{EMPTY_SHA256, same_signature, sha256_hex};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue};
