@@ -1,12 +1,100 @@
 //! fencegate: a fencing-token enforcing reverse proxy for S3-compatible
-//! object storage. See README.md and CONTRACT.md for what it guarantees.
+//! object storage. See README.md for what it is and how to run it, and
+//! `docs/contract.md` for what it guarantees.
+//!
+//! # Layout
+//!
+//! A request comes in through [`server`], is handled by [`proxy`] (which
+//! reads it with [`s3`], fences it with [`fence`] and forwards it with
+//! [`upstream`]), and its answer goes back the same way. Arrows say which
+//! way a module depends; `scripts/module-graph` checks that none goes round
+//! in a circle.
+//!
+//! Leaves (depend on no other module of the crate):
+//!
+//! - [`config`]: the TOML file, its defaults, one validator per table
+//!   (`validate.rs`); `config/locks.rs` is the `[locks]` table and the
+//!   `[[eager]]` entries.
+//! - [`metric_names`]: the Prometheus metric names, for every module that
+//!   records one.
+//! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
+//! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
+//!
+//! The fence (→ config, metric_names):
+//!
+//! - [`fence::token`]: a token from its carriers (header, query, metadata).
+//! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
+//! - [`fence::gate`]: the check, the durable raise, the ordering barrier.
+//! - [`fence::commit`]: the commit gate, holding a write's last body frame
+//!   until its permit confirms.
+//! - [`fence::store`]: `FenceStore`, and its redb implementation
+//!   (`fences.redb`).
+//!
+//! The S3 front (→ fence, config, metric_names):
+//!
+//! - [`s3::op`]: which operation a request is, which ones are fenced writes.
+//! - [`s3::names`]: bucket names, keys and copy sources in the one form that
+//!   is fenced and forwarded.
+//! - [`s3::auth`]: SigV4 verification, header and presigned, step by step;
+//!   [`s3::sigv4`]: its primitives (signing key, canonical forms).
+//! - [`s3::query`], [`s3::headers`]: the query string's one lookup, the
+//!   `x-amz-*` header names spelt once.
+//! - [`s3::chunked`]: aws-chunked decoding, chunk and trailer signatures.
+//! - [`s3::body`]: SHA-256 check, re-chunking for the backend.
+//! - [`s3::multi_delete`]: the keys of a DeleteObjects body.
+//! - [`s3::xml`]: the backend's XML answers fencegate reads.
+//! - [`s3::error`]: one error enum, rendered as S3 XML in one place.
+//!
+//! The backend (→ s3, tls):
+//!
+//! - [`upstream::client`]: forwarding over hyper, re-signing with aws-sigv4.
+//! - [`upstream::embedded`]: s3s-fs on a loopback port, the default store.
+//!
+//! A request's life (→ fence, s3, upstream, body, config, metric_names):
+//!
+//! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
+//!   exit, one log event; `outgoing.rs` builds the upstream request,
+//!   `forward.rs` does the exchange and keeps the permits until the answer
+//!   is complete, `copy.rs` and `multi_delete.rs` are CopyObject and
+//!   DeleteObjects.
+//!
+//! Around it:
+//!
+//! - [`admin`] (→ fence, s3, body, config): health, readiness, fences,
+//!   manual raise, `/metrics` (`admin::metrics` installs the recorder);
+//!   `admin::client` is `fencegate fences ...`.
+//! - [`locks`] (→ fence, config, metric_names): etcd and ZooKeeper, the
+//!   token sources known by name; `helper.rs` is `fencegate lock`;
+//!   `eager.rs` raises a fence when its lock's holder goes.
+//! - [`server`] (→ everything above): start-up (store, gate, backend,
+//!   services) apart from serving (listener, connection limit, handler,
+//!   graceful shutdown).
+//! - [`cli`] (→ config, bench): flags and config overrides; `main.rs` is
+//!   thin: CLI, config, logging, run.
+//! - [`bench`](mod@bench) (→ s3, config): `fencegate bench`, the measuring tools of
+//!   BENCHMARKS.md: the SigV4 load generator (`load.rs`), the discarding
+//!   S3 sink (`sink.rs`), the report (`report.rs`).
+//!
+//! Outside `src/`: `benches/gate.rs` (criterion: checks, admission, durable
+//! raise), `examples/resource_memory.rs` (memory per resource), `tests/`
+//! (one file per area, `docs/testing.md` says what each covers; `common/`
+//! runs fencegate, Garage, etcd, ZooKeeper and a raw SigV4 client;
+//! `torture.rs` and `torture/` are the torture harness) and
+//! `tests/smoke/smoke.py` (unmodified clients: aws CLI, boto3, rclone,
+//! s3cmd).
+//!
+//! The fence store sits behind `FenceStore`: a store shared by several
+//! fencegate replicas (in etcd, say) can replace redb without touching the
+//! check.
 
 pub mod admin;
 pub mod bench;
+pub mod body;
 pub mod cli;
 pub mod config;
 pub mod fence;
 pub mod locks;
+pub mod metric_names;
 pub mod proxy;
 pub mod s3;
 pub mod server;

@@ -1,23 +1,31 @@
-//! Start-up and shutdown: opens the fence store, starts the backend (the
-//! embedded store or a remote one), binds the S3 and admin listeners, serves
-//! until SIGINT/SIGTERM, then drains in-flight requests.
+//! Start-up and serving, apart as in mini-redis: [`start`] opens the fence
+//! store, starts the backend (the embedded store or a remote one) and builds
+//! the S3 and admin services; [`serve`] takes the bound [`Listeners`] and a
+//! shutdown future, accepts through a `Listener` (connection limit) and
+//! serves each connection through a `Handler` (TLS, idle timeout, HTTP/1),
+//! then drains in-flight requests. [`run`] is the two with SIGINT/SIGTERM.
 
 use crate::admin::Admin;
-use crate::admin::metrics as m;
-use crate::config::{BackendKind, Config};
+use crate::body::full;
+use crate::config::{BackendKind, Config, ServerConfig};
 use crate::fence::gate::Gate;
 use crate::fence::store::RedbStore;
+use crate::metric_names as m;
 use crate::proxy::Proxy;
+use crate::s3::error::S3Error;
 use crate::upstream::client::{BackendTarget, Upstream};
 use crate::upstream::embedded;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 /// A start-up failure, with the message the operator sees.
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +87,99 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
     }
 }
 
-/// Runs fencegate until a shutdown signal.
+/// Runs fencegate until a shutdown signal: start-up, the listeners bound,
+/// the start-up line, then [`serve`] until SIGINT or SIGTERM.
 pub async fn run(cfg: Config) -> Result<(), StartError> {
+    let services = start(&cfg).await?;
+    let listeners = Listeners::bind(&cfg).await?;
+    let s3_addr = listeners
+        .s3
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    let admin_addr = listeners
+        .admin
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?;
+    tracing::info!(%s3_addr, %admin_addr, backend = %services.backend_desc, kind = ?cfg.backend.kind, "fencegate started");
+    // One machine-readable line on stdout, for scripts and tests.
+    let scheme = if services.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("fencegate listening s3={s3_addr} admin={admin_addr} scheme={scheme}");
+    let _ = std::io::stdout().flush();
+    serve(listeners, services, &cfg.server, shutdown_signal()).await;
+    Ok(())
+}
+
+/// What start-up builds and serving uses: the S3 side, the admin side, and
+/// how the S3 port speaks.
+pub struct Services {
+    pub proxy: Arc<Proxy>,
+    pub admin: Arc<Admin>,
+    /// Set when the S3 port speaks HTTPS.
+    pub tls: Option<TlsAcceptor>,
+    /// The backend, for the start-up log line.
+    pub backend_desc: String,
+}
+
+/// Start-up: the fence store and gate, the metrics recorder, eager fencing,
+/// the backend, the S3 and admin services. Nothing is listening yet.
+pub async fn start(cfg: &Config) -> Result<Services, StartError> {
+    let gate = open_gate(cfg)?;
+    let metrics = match crate::admin::metrics::install() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!("metrics are off: {e}");
+            None
+        }
+    };
+    // After the recorder: the watchers report their state as metrics.
+    crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
+    let target = backend_target(cfg).await?;
+    let backend_desc = target.endpoint.to_string();
+    let backend_addr = target
+        .endpoint
+        .authority()
+        .map(|a| {
+            if a.port().is_some() {
+                a.to_string()
+            } else {
+                format!("{}:80", a.host())
+            }
+        })
+        .unwrap_or_default();
+    let upstream = Upstream::new(
+        target,
+        Duration::from_millis(cfg.backend.timeout_ms),
+        cfg.backend.ca_file.as_deref(),
+    )
+    .map_err(StartError)?;
+    let tls = match (&cfg.server.tls_cert, &cfg.server.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsAcceptor::from(
+            crate::tls::server_config(cert, key).map_err(StartError)?,
+        )),
+        _ => None,
+    };
+    let proxy = Arc::new(Proxy::new(cfg, gate.clone(), Arc::new(upstream)));
+    let admin = Arc::new(Admin {
+        gate,
+        metrics,
+        admin_token: cfg.admin_token(),
+        backend_addr,
+    });
+    Ok(Services {
+        proxy,
+        admin,
+        tls,
+        backend_desc,
+    })
+}
+
+/// The data directory, the fence store in it (a damaged one stops
+/// start-up), and the gate over the store.
+fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
     std::fs::create_dir_all(&cfg.server.data_dir).map_err(|e| {
         StartError(format!(
             "cannot create data dir {}: {e}",
@@ -102,144 +201,68 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         tracing::warn!("FENCEGATE_UNSAFE_UNORDERED=1: the ordering barrier is OFF (debug only)");
         gate.set_ordered(false);
     }
-    let gate = Arc::new(gate);
-    let metrics = match crate::admin::metrics::install() {
-        Ok(h) => Some(h),
-        Err(e) => {
-            tracing::warn!("metrics are off: {e}");
-            None
-        }
-    };
-    // After the recorder: the watchers report their state as metrics.
-    crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
-    let target = backend_target(&cfg).await?;
-    let backend_desc = target.endpoint.to_string();
-    let backend_addr = target
-        .endpoint
-        .authority()
-        .map(|a| {
-            if a.port().is_some() {
-                a.to_string()
-            } else {
-                format!("{}:80", a.host())
-            }
+    Ok(Arc::new(gate))
+}
+
+/// The two bound ports.
+pub struct Listeners {
+    pub s3: TcpListener,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds `server.listen` and `server.admin_listen`.
+    pub async fn bind(cfg: &Config) -> Result<Listeners, StartError> {
+        let bind = |addr, field: &'static str| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| StartError(format!("cannot listen on {addr} ({field}): {e}")))
+        };
+        Ok(Listeners {
+            s3: bind(cfg.server.listen, "server.listen").await?,
+            admin: bind(cfg.server.admin_listen, "server.admin_listen").await?,
         })
-        .unwrap_or_default();
-    let upstream = Upstream::new(
-        target,
-        Duration::from_millis(cfg.backend.timeout_ms),
-        cfg.backend.ca_file.as_deref(),
-    )
-    .map_err(StartError)?;
-    let tls = match (&cfg.server.tls_cert, &cfg.server.tls_key) {
-        (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(
-            crate::tls::server_config(cert, key).map_err(StartError)?,
-        )),
-        _ => None,
-    };
-    let proxy = Arc::new(Proxy::new(&cfg, gate.clone(), Arc::new(upstream)));
-    let admin = Arc::new(Admin {
-        gate,
-        metrics,
-        admin_token: cfg.admin_token(),
-        backend_addr,
-    });
+    }
+}
 
-    let s3_listener = TcpListener::bind(cfg.server.listen).await.map_err(|e| {
-        StartError(format!(
-            "cannot listen on {} (server.listen): {e}",
-            cfg.server.listen
-        ))
-    })?;
-    let admin_listener = TcpListener::bind(cfg.server.admin_listen)
-        .await
-        .map_err(|e| {
-            StartError(format!(
-                "cannot listen on {} (server.admin_listen): {e}",
-                cfg.server.admin_listen
-            ))
-        })?;
-    let s3_addr = s3_listener
-        .local_addr()
-        .map_err(|e| StartError(e.to_string()))?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|e| StartError(e.to_string()))?;
-    tracing::info!(%s3_addr, %admin_addr, backend = %backend_desc, kind = ?cfg.backend.kind, "fencegate started");
-    // One machine-readable line on stdout, for scripts and tests.
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    println!("fencegate listening s3={s3_addr} admin={admin_addr} scheme={scheme}");
-    let _ = std::io::stdout().flush();
-
+/// Serves both ports until `shutdown` completes, then stops accepting and
+/// waits (30 s at most) for the requests in flight.
+pub async fn serve(
+    listeners: Listeners,
+    services: Services,
+    server: &ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) {
+    let idle_timeout = Duration::from_millis(server.idle_timeout_ms);
     let mut http = http1::Builder::new();
     // fencegate answers a header section over max_header_bytes itself, with
     // an S3 error; hyper's own limit is only the backstop.
-    http.max_buf_size((cfg.server.max_header_bytes * 2).max(400 * 1024))
+    http.max_buf_size((server.max_header_bytes * 2).max(400 * 1024))
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(cfg.server.idle_timeout_ms));
-    let idle_timeout = Duration::from_millis(cfg.server.idle_timeout_ms);
-    let mut refusing = http1::Builder::new();
-    refusing.keep_alive(false);
-    let connections = Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections));
+        .header_read_timeout(idle_timeout);
+    let s3 = Listener::new(listeners.s3, server.max_connections);
+    let handler = Handler {
+        proxy: services.proxy,
+        http: http.clone(),
+        tls: services.tls,
+        idle_timeout,
+    };
     let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown_signal());
+    let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            accepted = s3_listener.accept() => {
-                let Ok((sock, _)) = accepted else { continue };
-                let _ = sock.set_nodelay(true);
-                let Ok(slot) = connections.clone().try_acquire_owned() else {
-                    // Over the connection limit: one S3 error, then close.
-                    metrics::counter!(m::CONNECTIONS_REFUSED).increment(1);
-                    let svc = service_fn(|_req| async {
-                        let e = crate::s3::error::S3Error::SlowDown("this server (connection limit)".into());
-                        let (parts, body) = e.to_response("/", "-").into_parts();
-                        let body = http_body_util::Full::new(body);
-                        Ok::<_, std::convert::Infallible>(http::Response::from_parts(parts, body))
-                    });
-                    let conn = refusing.serve_connection(TokioIo::new(sock), svc);
-                    tokio::spawn(async move { let _ = conn.await; });
-                    continue;
-                };
-                let proxy = proxy.clone();
-                let svc = service_fn(move |req| {
-                    let proxy = proxy.clone();
-                    async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
-                });
-                metrics::gauge!(m::CONNECTIONS).increment(1.0);
-                match &tls {
-                    None => {
-                        let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), svc));
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                            metrics::gauge!(m::CONNECTIONS).decrement(1.0);
-                            drop(slot);
-                        });
-                    }
-                    Some(acceptor) => {
-                        // The handshake runs in the connection's task, bounded
-                        // by the idle timeout like a header section.
-                        let accept = acceptor.accept(sock);
-                        let http = http.clone();
-                        let watcher = graceful.watcher();
-                        tokio::spawn(async move {
-                            if let Ok(Ok(stream)) = tokio::time::timeout(idle_timeout, accept).await {
-                                let conn = http.serve_connection(TokioIo::new(stream), svc);
-                                let _ = watcher.watch(conn).await;
-                            }
-                            metrics::gauge!(m::CONNECTIONS).decrement(1.0);
-                            drop(slot);
-                        });
-                    }
+            accepted = s3.accept() => {
+                if let Some(conn) = accepted {
+                    handler.spawn(conn, &graceful);
                 }
             }
-            accepted = admin_listener.accept() => {
+            accepted = listeners.admin.accept() => {
                 let Ok((sock, _)) = accepted else { continue };
-                let admin = admin.clone();
+                let admin = services.admin.clone();
                 let svc = service_fn(move |req| {
                     let admin = admin.clone();
-                    async move { Ok::<_, std::convert::Infallible>(admin.handle(req).await) }
+                    async move { Ok::<_, Infallible>(admin.handle(req).await) }
                 });
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), svc));
                 tokio::spawn(async move { let _ = conn.await; });
@@ -247,8 +270,8 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         }
     }
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");
-    drop(s3_listener);
-    drop(admin_listener);
+    drop(s3);
+    drop(listeners.admin);
     if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
         .await
         .is_err()
@@ -256,7 +279,108 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         tracing::warn!("in-flight requests did not finish within 30s; exiting anyway");
     }
     tracing::info!("stopped");
-    Ok(())
+}
+
+/// The S3 port: accepts connections up to `server.max_connections`, and
+/// answers one over the limit with a 503 SlowDown before closing it.
+struct Listener {
+    tcp: TcpListener,
+    connections: Arc<Semaphore>,
+    /// HTTP/1 without keep-alive, for the refusals.
+    refusing: http1::Builder,
+}
+
+/// An accepted S3 connection and its place under the connection limit.
+struct Connection {
+    sock: TcpStream,
+    slot: OwnedSemaphorePermit,
+}
+
+impl Listener {
+    fn new(tcp: TcpListener, max_connections: usize) -> Listener {
+        let mut refusing = http1::Builder::new();
+        refusing.keep_alive(false);
+        Listener {
+            tcp,
+            connections: Arc::new(Semaphore::new(max_connections)),
+            refusing,
+        }
+    }
+
+    /// The next connection under the limit; `None` when accepting failed or
+    /// the connection was over the limit (and refused).
+    async fn accept(&self) -> Option<Connection> {
+        let (sock, _) = self.tcp.accept().await.ok()?;
+        let _ = sock.set_nodelay(true);
+        match self.connections.clone().try_acquire_owned() {
+            Ok(slot) => Some(Connection { sock, slot }),
+            Err(_) => {
+                self.refuse(sock);
+                None
+            }
+        }
+    }
+
+    /// Over the connection limit: one S3 error, then close.
+    fn refuse(&self, sock: TcpStream) {
+        metrics::counter!(m::CONNECTIONS_REFUSED).increment(1);
+        let connection_limit = service_fn(|_req| async {
+            let e = S3Error::SlowDown("this server (connection limit)".into());
+            let (parts, body) = e.to_response("/", "-").into_parts();
+            Ok::<_, Infallible>(http::Response::from_parts(parts, full(body)))
+        });
+        let conn = self
+            .refusing
+            .serve_connection(TokioIo::new(sock), connection_limit);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
+/// Serves accepted S3 connections, each in a task of its own.
+struct Handler {
+    proxy: Arc<Proxy>,
+    http: http1::Builder,
+    tls: Option<TlsAcceptor>,
+    /// Bounds the TLS handshake, like a header section.
+    idle_timeout: Duration,
+}
+
+impl Handler {
+    /// Serves `conn` (after the TLS handshake, if the port speaks HTTPS)
+    /// until the client or the graceful shutdown closes it; counted in
+    /// `fencegate_connections` and under the limit while it lasts.
+    fn spawn(&self, conn: Connection, graceful: &GracefulShutdown) {
+        let proxy = self.proxy.clone();
+        let svc = service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+        });
+        metrics::gauge!(m::CONNECTIONS).increment(1.0);
+        let Connection { sock, slot } = conn;
+        let watcher = graceful.watcher();
+        let http = self.http.clone();
+        let tls = self.tls.clone();
+        let idle_timeout = self.idle_timeout;
+        tokio::spawn(async move {
+            match tls {
+                None => {
+                    let conn = http.serve_connection(TokioIo::new(sock), svc);
+                    let _ = watcher.watch(conn).await;
+                }
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(sock);
+                    if let Ok(Ok(stream)) = tokio::time::timeout(idle_timeout, handshake).await {
+                        let conn = http.serve_connection(TokioIo::new(stream), svc);
+                        let _ = watcher.watch(conn).await;
+                    }
+                }
+            }
+            metrics::gauge!(m::CONNECTIONS).decrement(1.0);
+            drop(slot);
+        });
+    }
 }
 
 async fn shutdown_signal() {

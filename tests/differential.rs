@@ -66,8 +66,8 @@ async fn differential(which: Which) {
     // DIFF_VERBOSE=1: one line per case, violating or not.
     let verbose = env_num("DIFF_VERBOSE", 0) != 0;
     let started = Instant::now();
-    let w = World::start(which).await;
-    let mut before = w.snapshot().await;
+    let world = World::start(which).await;
+    let mut before = world.snapshot().await;
     let mut reports = Vec::new();
     let mut caught: BTreeMap<String, usize> = BTreeMap::new();
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
@@ -77,18 +77,18 @@ async fn differential(which: Which) {
         let t = FIRST_TOKEN + 2 * index as u64;
         let touches_config = case.query.iter().any(|q| q.contains("lifecycle"));
         let lc_before = if touches_config {
-            Some(w.lifecycles().await)
+            Some(world.lifecycles().await)
         } else {
             None
         };
-        let exchanges = w.send(&case, t).await;
+        let exchanges = world.send(&case, t).await;
         for e in &exchanges {
             *statuses.entry(e.status).or_default() += 1;
         }
-        let after = w.snapshot().await;
-        let fences = w.fences().await;
+        let after = world.snapshot().await;
+        let fences = world.fences().await;
         let lifecycle = match lc_before {
-            Some(b) => Some((b, w.lifecycles().await)),
+            Some(b) => Some((b, world.lifecycles().await)),
             None => None,
         };
 
@@ -98,7 +98,7 @@ async fn differential(which: Which) {
             for (bucket, key, _, now) in check::changes(&before, &after) {
                 if bucket != "oth"
                     && now.is_some()
-                    && let Some(b) = w.body(&bucket, &key).await
+                    && let Some(b) = world.body(&bucket, &key).await
                     && String::from_utf8_lossy(&b).contains(SECRET)
                 {
                     leaked.push((bucket, key));
@@ -143,7 +143,7 @@ async fn differential(which: Which) {
         // (so that finding it proves a leak), and the seeds are back.
         let mut touched = false;
         for (bucket, key) in &leaked {
-            w.delete(bucket, key, t + 1).await;
+            world.delete(bucket, key, t + 1).await;
             touched = true;
         }
         for (bucket, key) in SEEDS {
@@ -152,11 +152,15 @@ async fn differential(which: Which) {
                 .contains_key(&(bucket.to_string(), key.to_string()))
                 || leaked.iter().any(|(b, k)| b == bucket && k == key)
             {
-                w.put(bucket, key, seed_body(bucket, key), t + 1).await;
+                world.put(bucket, key, seed_body(bucket, key), t + 1).await;
                 touched = true;
             }
         }
-        before = if touched { w.snapshot().await } else { after };
+        before = if touched {
+            world.snapshot().await
+        } else {
+            after
+        };
     }
 
     let elapsed = started.elapsed();

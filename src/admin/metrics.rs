@@ -1,40 +1,11 @@
-//! Prometheus metrics: the names in one place, recorded with the `metrics`
-//! crate and rendered by its Prometheus exporter at `/metrics` on the admin
-//! listener.
+//! The Prometheus recorder: installed once, each metric described, rendered
+//! at `/metrics` on the admin listener. The names are in
+//! [`crate::metric_names`], which the recording modules import.
 
 use metrics::{describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Requests by `op` and `outcome` (forwarded, stale, missing, invalid,
-/// auth, busy, upstream_error, bad_request, internal).
-pub const REQUESTS: &str = "fencegate_requests_total";
-/// Fences raised (a durable write of a higher token).
-pub const RAISES: &str = "fencegate_fence_raises_total";
-/// Time a request spent in admission (check, raise, barrier).
-pub const ADMISSION_WAIT: &str = "fencegate_admission_wait_seconds";
-/// Writes currently admitted and not yet finished upstream.
-pub const INFLIGHT_WRITES: &str = "fencegate_inflight_writes";
-/// Time from sending upstream to the backend's response head.
-pub const UPSTREAM_LATENCY: &str = "fencegate_upstream_seconds";
-/// Request body bytes received from clients.
-pub const BYTES_IN: &str = "fencegate_bytes_in_total";
-/// Response body bytes sent to clients.
-pub const BYTES_OUT: &str = "fencegate_bytes_out_total";
-/// Connections turned away at the connection limit.
-pub const CONNECTIONS_REFUSED: &str = "fencegate_connections_refused_total";
-/// Open S3 connections.
-pub const CONNECTIONS: &str = "fencegate_connections";
-/// 1 while eager fencing watches a resource's lock, 0 while degraded.
-pub const EAGER_UP: &str = "fencegate_eager_fencing_up";
-/// Fences raised because a lock holder lost its lock.
-pub const EAGER_RAISES: &str = "fencegate_eager_raises_total";
-
-/// Resources whose fence is cached in memory (idle ones are evicted).
-pub const CACHED_FENCES: &str = "fencegate_cached_fences";
-/// Writes whose outcome upstream is unknown (timeout or lost connection
-/// after a complete body): their resource was closed to newer tokens for
-/// `fence.quarantine_ms`.
-pub const QUARANTINES: &str = "fencegate_quarantines_total";
+use crate::metric_names::*;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

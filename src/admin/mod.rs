@@ -13,13 +13,13 @@
 pub mod client;
 pub mod metrics;
 
+use crate::body::{ProxyBody, full};
 use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
-use crate::proxy::{BoxError, ProxyBody};
-use crate::s3::auth::same_signature;
-use bytes::Bytes;
+use crate::s3::query;
+use crate::s3::sigv4::same_signature;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
 use percent_encoding::percent_decode_str;
@@ -39,10 +39,7 @@ pub struct Admin {
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ProxyBody> {
-    let body = Full::new(Bytes::from(body))
-        .map_err(|never| -> BoxError { match never {} })
-        .boxed();
-    let mut r = Response::new(body);
+    let mut r = Response::new(full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -53,13 +50,6 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
 
 fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
     respond(status, "application/json", value.to_string())
-}
-
-fn query_param(query: Option<&str>, name: &str) -> Option<String> {
-    crate::s3::auth::decode_query(query)
-        .into_iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v)
 }
 
 impl Admin {
@@ -116,9 +106,10 @@ impl Admin {
     }
 
     async fn list(&self, query: Option<&str>) -> Response<ProxyBody> {
-        let prefix = query_param(query, "prefix").unwrap_or_default();
-        let after = query_param(query, "after");
-        let limit = match query_param(query, "limit").map(|l| l.parse::<usize>()) {
+        let query = query::decode_query(query);
+        let prefix = query::query_param(&query, "prefix").unwrap_or_default();
+        let after = query::query_param(&query, "after");
+        let limit = match query::query_param(&query, "limit").map(|l| l.parse::<usize>()) {
             None => DEFAULT_PAGE,
             Some(Ok(l)) if (1..=MAX_PAGE).contains(&l) => l,
             Some(_) => {
@@ -128,12 +119,7 @@ impl Admin {
                 );
             }
         };
-        match self
-            .gate
-            .store()
-            .list(&prefix, after.as_deref(), limit)
-            .await
-        {
+        match self.gate.store().list(prefix, after, limit).await {
             Ok(page) => {
                 let next = (page.len() == limit)
                     .then(|| page.last().map(|r| r.resource.clone()))

@@ -17,7 +17,7 @@
 //! point after which an abort can no longer be promised.
 
 use super::store::{FenceStore, StoreError};
-use crate::admin::metrics as m;
+use crate::metric_names as m;
 use dashmap::DashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -187,7 +187,7 @@ pub struct Gate {
 }
 
 /// Default for [`Gate::set_max_slots`].
-pub const DEFAULT_MAX_SLOTS: usize = 100_000;
+pub const DEFAULT_MAX_SLOTS: usize = crate::config::DEFAULT_MAX_CACHED_RESOURCES;
 
 impl Gate {
     pub fn new(store: Arc<dyn FenceStore>, wait_bound: Duration) -> Gate {

@@ -1,6 +1,8 @@
 //! Fencing: tokens, resources, the check with its ordering barrier, and the
-//! durable store behind it.
+//! durable store behind it, and the commit gate where a write's permit meets
+//! its body.
 
+pub mod commit;
 pub mod gate;
 pub mod resource;
 pub mod store;

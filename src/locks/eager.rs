@@ -6,12 +6,12 @@
 //! While a watch is down, the plain scheme still applies; the gauge
 //! `fencegate_eager_fencing_up{resource}` is 0 and a warning is logged.
 
-use super::config::{EagerConfig, LockRef, LocksConfig};
-use super::etcd::Seen;
-use crate::admin::metrics as m;
+use super::Seen;
+use crate::config::locks::{EagerConfig, LockRef, LocksConfig};
 use crate::fence::gate::{Gate, Refusal};
+use crate::metric_names as m;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
 
 /// Starts one watcher task per `[[eager]]` entry.
 pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
@@ -20,7 +20,7 @@ pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
             gate: gate.clone(),
             resource: e.resource.clone(),
             lock: e.lock(),
-            up: AtomicU8::new(UNKNOWN),
+            watch: Mutex::new(Watch::Unknown),
         });
         metrics::gauge!(m::EAGER_UP, "resource" => e.resource.clone()).set(0.0);
         match e.lock() {
@@ -43,22 +43,34 @@ pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
     }
 }
 
-const UNKNOWN: u8 = 2;
+/// The state of a resource's lock watch, as last reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watch {
+    /// Nothing reported yet (the gauge starts at 0).
+    Unknown,
+    Up,
+    Down,
+}
 
 /// Turns what a watcher sees into fence raises, metrics and logs.
 struct Fencer {
     gate: Arc<Gate>,
     resource: String,
     lock: LockRef,
-    up: AtomicU8,
+    watch: Mutex<Watch>,
 }
 
 impl Fencer {
     fn seen(self: &Arc<Self>, s: Seen) {
         match s {
-            Seen::Up(up) => {
-                let was = self.up.swap(up as u8, Ordering::Relaxed);
-                if was == up as u8 {
+            Seen::Up | Seen::Down => {
+                let up = s == Seen::Up;
+                let now = if up { Watch::Up } else { Watch::Down };
+                let was = std::mem::replace(
+                    &mut *self.watch.lock().unwrap_or_else(|p| p.into_inner()),
+                    now,
+                );
+                if was == now {
                     return;
                 }
                 metrics::gauge!(m::EAGER_UP, "resource" => self.resource.clone()).set(if up {

@@ -9,13 +9,13 @@
 //! previous holder's key was deleted, so its token is at least the revision
 //! of that deletion — the value eager fencing raises the fence to.
 
-use super::{Backoff, LockError};
+use super::{Backoff, LockError, Seen};
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, LockOptions, WatchOptions};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-fn svc(e: etcd_client::Error) -> LockError {
+fn service_error(e: etcd_client::Error) -> LockError {
     LockError::Service(e.to_string())
 }
 
@@ -48,14 +48,18 @@ pub async fn acquire(
     ttl: Duration,
     wait: Option<Duration>,
 ) -> Result<EtcdLock, LockError> {
-    let mut client = connect(endpoints).await.map_err(svc)?;
+    let mut client = connect(endpoints).await.map_err(service_error)?;
     let ttl_secs = ttl.as_secs().max(1) as i64;
-    let lease = client.lease_grant(ttl_secs, None).await.map_err(svc)?.id();
+    let lease = client
+        .lease_grant(ttl_secs, None)
+        .await
+        .map_err(service_error)?
+        .id();
     let (lost_tx, mut lost) = watch::channel(None);
     let keeper = tokio::spawn(keep_alive(client.clone(), lease, ttl, lost_tx.clone()));
     let take = client.lock(name, Some(LockOptions::new().with_lease(lease)));
     let taken = tokio::select! {
-        r = take => r.map_err(svc),
+        r = take => r.map_err(service_error),
         _ = sleep_opt(wait) => Err(LockError::Timeout),
         _ = lost.wait_for(Option::is_some) => Err(LockError::Lost("lease lost while waiting".into())),
     };
@@ -176,15 +180,6 @@ async fn watch_own_key(
     }
 }
 
-/// What a watcher reports.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Seen {
-    /// The watch is (re)established; `true`: eager fencing is up.
-    Up(bool),
-    /// The holder lost the lock: raise the fence to this token.
-    Raise { token: u64, why: String },
-}
-
 /// The contenders of one lock: key → create revision.
 #[derive(Default)]
 struct Queue {
@@ -232,7 +227,7 @@ pub async fn watch_holder(endpoints: Vec<String>, name: String, seen: impl Fn(Se
     let mut backoff = Backoff::new();
     loop {
         let Ok(mut client) = connect(&endpoints).await else {
-            seen(Seen::Up(false));
+            seen(Seen::Down);
             backoff.wait().await;
             continue;
         };
@@ -246,7 +241,7 @@ pub async fn watch_holder(endpoints: Vec<String>, name: String, seen: impl Fn(Se
                     next_rev = rev + 1;
                 }
                 Err(_) => {
-                    seen(Seen::Up(false));
+                    seen(Seen::Down);
                     backoff.wait().await;
                     continue;
                 }
@@ -256,11 +251,11 @@ pub async fn watch_holder(endpoints: Vec<String>, name: String, seen: impl Fn(Se
             .with_prefix()
             .with_start_revision(next_rev);
         let Ok(mut stream) = client.watch(prefix.as_bytes(), Some(opts)).await else {
-            seen(Seen::Up(false));
+            seen(Seen::Down);
             backoff.wait().await;
             continue;
         };
-        seen(Seen::Up(true));
+        seen(Seen::Up);
         backoff.reset();
         let q = queue.as_mut().expect("read above");
         loop {
@@ -290,7 +285,7 @@ pub async fn watch_holder(endpoints: Vec<String>, name: String, seen: impl Fn(Se
                 next_rev = next_rev.max(kv.mod_revision() + 1);
             }
         }
-        seen(Seen::Up(false));
+        seen(Seen::Down);
         backoff.wait().await;
     }
 }

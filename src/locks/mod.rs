@@ -7,15 +7,28 @@
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
-//! - [`config`] is the `[locks]` table and the `[[eager]]` entries.
+//!
+//! The `[locks]` table and the `[[eager]]` entries they read are in
+//! [`crate::config::locks`].
 
-pub mod config;
 pub mod eager;
 pub mod etcd;
 pub mod helper;
 pub mod zookeeper;
 
 use std::time::Duration;
+
+/// What a lock watcher reports to eager fencing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// The watch is (re)established: eager fencing is up.
+    Up,
+    /// The watch is down (no connection, session lost): eager fencing is
+    /// degraded until the next `Up`.
+    Down,
+    /// The holder lost the lock: raise the fence to this token.
+    Raise { token: u64, why: String },
+}
 
 /// Why a lock could not be taken, or stopped being held.
 #[derive(Debug, thiserror::Error)]

@@ -8,12 +8,12 @@
 //! empty container and wraps at 2^31. Apache Curator's `InterProcessMutex`
 //! on the same path takes the same lock.
 
-use super::{Backoff, LockError};
+use super::{Backoff, LockError, Seen};
 use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-fn svc(e: zk::Error) -> LockError {
+fn service_error(e: zk::Error) -> LockError {
     LockError::Service(e.to_string())
 }
 
@@ -49,12 +49,12 @@ pub async fn acquire(
     session: Duration,
     wait: Option<Duration>,
 ) -> Result<ZkLock, LockError> {
-    let client = connect(servers, session).await.map_err(svc)?;
+    let client = connect(servers, session).await.map_err(service_error)?;
     let acl = zk::Acls::anyone_all();
     let options = zk::LockOptions::new(acl)
         .with_ancestor_options(zk::CreateMode::Container.with_acls(acl))
-        .map_err(svc)?;
-    let prefix = zk::LockPrefix::new_curator(path, "lock-").map_err(svc)?;
+        .map_err(service_error)?;
+    let prefix = zk::LockPrefix::new_curator(path, "lock-").map_err(service_error)?;
     let take = client.lock(prefix, b"", options);
     let lock = match wait {
         // Cancelling the recipe deletes our node.
@@ -63,13 +63,13 @@ pub async fn acquire(
             .map_err(|_| LockError::Timeout)?,
         None => take.await,
     }
-    .map_err(svc)?
+    .map_err(service_error)?
     .into_owned();
     let node = lock.lock_path().to_string();
     let stat = client
         .check_stat(&node)
         .await
-        .map_err(svc)?
+        .map_err(service_error)?
         .ok_or_else(|| LockError::Lost("lock node vanished".into()))?;
     // The node is ours now; release() deletes it.
     std::mem::forget(lock);
@@ -162,8 +162,6 @@ async fn guard(
     let _ = lost.send(Some(why));
 }
 
-pub use super::etcd::Seen;
-
 /// Watches the lock in directory `path` and reports each time its holder
 /// goes away.
 ///
@@ -176,11 +174,11 @@ pub async fn watch_holder(servers: String, session: Duration, path: String, seen
     let mut backoff = Backoff::new();
     loop {
         let Ok(client) = connect(&servers, session).await else {
-            seen(Seen::Up(false));
+            seen(Seen::Down);
             backoff.wait().await;
             continue;
         };
-        seen(Seen::Up(true));
+        seen(Seen::Up);
         backoff.reset();
         // The client reconnects by itself within the session; say when
         // the watch is blind meanwhile.
@@ -188,8 +186,8 @@ pub async fn watch_holder(servers: String, session: Duration, path: String, seen
             let mut w = client.state_watcher();
             loop {
                 match w.changed().await {
-                    zk::SessionState::Disconnected => seen(Seen::Up(false)),
-                    zk::SessionState::SyncConnected => seen(Seen::Up(true)),
+                    zk::SessionState::Disconnected => seen(Seen::Down),
+                    zk::SessionState::SyncConnected => seen(Seen::Up),
                     s if s.is_terminated() => return,
                     _ => {}
                 }
@@ -273,7 +271,7 @@ pub async fn watch_holder(servers: String, session: Duration, path: String, seen
             _ = states => {}
             _ = children => {}
         }
-        seen(Seen::Up(false));
+        seen(Seen::Down);
         backoff.wait().await;
     }
 }

@@ -6,6 +6,7 @@
 
 use super::Proxy;
 use crate::s3::error::S3Error;
+use crate::s3::headers::X_AMZ_METADATA_DIRECTIVE;
 use crate::s3::op::Operation;
 use crate::upstream::client::{Outgoing, UpstreamPayload};
 use http::{HeaderMap, Method};
@@ -29,7 +30,7 @@ impl Proxy {
         op: &Operation,
     ) -> Result<(), S3Error> {
         let directive = headers
-            .get("x-amz-metadata-directive")
+            .get(X_AMZ_METADATA_DIRECTIVE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("COPY");
         if directive.eq_ignore_ascii_case("REPLACE") {
@@ -81,7 +82,7 @@ impl Proxy {
             }
         }
         out.headers.insert(
-            "x-amz-metadata-directive",
+            X_AMZ_METADATA_DIRECTIVE,
             http::HeaderValue::from_static("REPLACE"),
         );
         Ok(())

@@ -17,9 +17,10 @@
 //! tokens (`503 SlowDown`) for as long as the backend may still apply what
 //! it has. Logged and counted (`fencegate_quarantines_total`).
 
-use super::{BoxError, Proxy, ProxyBody};
-use crate::admin::metrics as m;
+use super::Proxy;
+use crate::body::{BoxError, ProxyBody};
 use crate::fence::gate::Permit;
+use crate::metric_names as m;
 use crate::s3::error::S3Error;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;

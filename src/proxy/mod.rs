@@ -1,5 +1,5 @@
-//! A request's life in fencegate, as named phases over one [`RequestCtx`]
-//! (see [`Proxy::process`], which reads as the list below):
+//! A request's life in fencegate, as named phases over one `RequestCtx`
+//! (see `Proxy::process`, which reads as the list below):
 //!
 //! 1. `check_head`: size limit, query parsed once;
 //! 2. `authenticate`: SigV4 against fencegate's credential table;
@@ -31,28 +31,27 @@ mod forward;
 mod multi_delete;
 mod outgoing;
 
-use crate::admin::metrics as m;
+use crate::body::{ProxyBody, full};
 use crate::config::Config;
 use crate::fence::gate::{Gate, Kind, Permit};
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
+use crate::metric_names as m;
 use crate::s3::auth::{self, Credentials, Verified};
 use crate::s3::error::S3Error;
 use crate::s3::names;
 use crate::s3::op::{self, Access, Op, Operation};
+use crate::s3::query;
 use crate::s3::xml;
 use crate::upstream::client::{Upstream, clean_response_headers};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
 /// Chunk size of aws-chunked bodies sent upstream.
 const UPSTREAM_CHUNK: usize = 64 * 1024;
@@ -142,10 +141,6 @@ async fn read_small_body(mut body: ProxyBody, limit: usize) -> Result<Bytes, S3E
         }
     }
     Ok(buf.freeze())
-}
-
-fn full(b: Bytes) -> ProxyBody {
-    Full::new(b).map_err(|never| match never {}).boxed()
 }
 
 impl Proxy {
@@ -275,7 +270,7 @@ impl Proxy {
         if header_bytes > self.max_header_bytes {
             return Err(S3Error::RequestHeaderSectionTooLarge);
         }
-        let query = auth::decode_query(head.uri.query());
+        let query = query::decode_query(head.uri.query());
         for (i, (k, _)) in query.iter().enumerate() {
             if query[..i].iter().any(|(p, _)| p == k) {
                 return Err(S3Error::InvalidArgument(format!(

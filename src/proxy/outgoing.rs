@@ -3,10 +3,12 @@
 //! each payload form (verify, hold back the last frame, re-encode).
 
 use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
+use crate::fence::commit::commit_gate;
 use crate::s3::auth::{Payload, Verified};
 use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
 use crate::s3::error::S3Error;
+use crate::s3::headers::{X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER};
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
@@ -42,7 +44,7 @@ impl Proxy {
         );
         if let Some(src) = &op.copy_source {
             out_headers.insert(
-                "x-amz-copy-source",
+                X_AMZ_COPY_SOURCE,
                 HeaderValue::from_str(&src.to_header())
                     .map_err(|e| S3Error::Internal(e.to_string()))?,
             );
@@ -68,7 +70,12 @@ impl Proxy {
         let has_body = content_length.is_some_and(|n| n > 0)
             || headers.contains_key(http::header::TRANSFER_ENCODING);
         let resource = fenced.resource.clone().unwrap_or_default();
-        let gated = |frames| body::commit_gate(frames, fenced.permit.clone(), resource.clone());
+        let gated = |frames| {
+            let resource = resource.clone();
+            commit_gate(frames, fenced.permit.clone(), move |p| {
+                S3Error::aborted(p, &resource)
+            })
+        };
 
         let mut out = Outgoing {
             method: head.method.clone(),
@@ -129,7 +136,7 @@ impl Proxy {
         gated: impl FnOnce(chunked::FrameStream) -> chunked::FrameStream,
     ) -> Result<Outgoing, S3Error> {
         let decoded_len = headers
-            .get("x-amz-decoded-content-length")
+            .get(X_AMZ_DECODED_CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             .ok_or_else(|| {
@@ -143,7 +150,7 @@ impl Proxy {
         );
         let trailers: Vec<String> = if has_trailer {
             headers
-                .get_all("x-amz-trailer")
+                .get_all(X_AMZ_TRAILER)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split(','))
@@ -203,12 +210,10 @@ impl Proxy {
             HeaderValue::from_str(&enc.join(","))
                 .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
         );
+        out.headers
+            .insert(X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_len));
         out.headers.insert(
-            "x-amz-decoded-content-length",
-            HeaderValue::from(decoded_len),
-        );
-        out.headers.insert(
-            "x-amz-trailer",
+            X_AMZ_TRAILER,
             HeaderValue::from_str(&trailers.join(","))
                 .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
         );

@@ -1,33 +1,28 @@
-//! SigV4 verification of the request head (the `Authorization` header form)
-//! against fencegate's own credential table. What the body must then prove
+//! SigV4 verification of the request head (the `Authorization` header or
+//! a presigned URL) against fencegate's own credential table. What the body must then prove
 //! is returned as a [`Payload`]; `body.rs` and `chunked.rs` check it while it
 //! streams.
 
 use super::error::S3Error;
+use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
+use super::query::query_param;
 use crate::config::Credential;
-use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-type HmacSha256 = Hmac<Sha256>;
+use super::sigv4::{
+    canonical_header_value, canonical_uri, hmac, parse_amz_date, same_signature, signing_key,
+    string_to_sign,
+};
 
-/// Characters SigV4 leaves unencoded: `A-Za-z0-9-._~`.
-pub const STRICT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-/// The same, keeping `/` (object key paths).
-pub const PATH: &AsciiSet = &STRICT.remove(b'/');
+// Where these lived before `sigv4.rs` and `query.rs`; the parser tests
+// (`tests/parsers.rs`) name them here.
+pub use super::query::decode_query;
+pub use super::sigv4::{PATH, STRICT, canonical_query};
 
 pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
-
-/// SHA-256 of nothing, as hex: the content hash of an empty body.
-pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 /// How the body is protected, from `x-amz-content-sha256`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,8 +104,7 @@ pub struct Credentials {
 /// One credential and the signing key last derived for it. A client signs
 /// with one scope (day, region, service) for a whole day, so remembering the
 /// last key saves four HMACs on every request but the first of the day.
-/// (Test: `bench::load::tests::remembered_signing_key_follows_the_scope`,
-/// which signs with the load generator's signer.)
+/// (Test: `tests::remembered_signing_key_follows_the_scope` below.)
 struct Known {
     credential: Arc<Credential>,
     last_key: Mutex<Option<(String, [u8; 32])>>,
@@ -149,30 +143,103 @@ impl Credentials {
     }
 }
 
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(data);
-    mac.finalize().into_bytes().into()
+/// The request head as the verifier needs it.
+pub struct Head<'a> {
+    pub method: &'a str,
+    pub raw_path: &'a str,
+    pub query: &'a [(String, String)],
+    pub headers: &'a HeaderMap,
 }
 
-pub fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
+/// The longest validity of a presigned URL: 7 days.
+pub const MAX_PRESIGN_EXPIRY: u64 = 7 * 24 * 3600;
+
+/// What a request claims, from its `Authorization` header or its presigned
+/// URL's `X-Amz-*` parameters: who signed, in which scope, when, over which
+/// headers, and the signature itself.
+#[derive(Debug, PartialEq, Eq)]
+struct Claim<'a> {
+    access_key: &'a str,
+    date: &'a str,
+    region: &'a str,
+    service: &'a str,
+    signed_headers: Vec<&'a str>,
+    signature: &'a str,
+    /// The request's timestamp (`x-amz-date` or `X-Amz-Date`).
+    amz_date: &'a str,
 }
 
-/// The SigV4 signing key for `date` (YYYYMMDD), `region` and `service`.
-pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
-    let k = hmac(format!("AWS4{secret}").as_bytes(), date.as_bytes());
-    let k = hmac(&k, region.as_bytes());
-    let k = hmac(&k, service.as_bytes());
-    hmac(&k, b"aws4_request")
+impl Claim<'_> {
+    /// `date/region/service/aws4_request`.
+    fn scope(&self) -> String {
+        format!(
+            "{}/{}/{}/aws4_request",
+            self.date, self.region, self.service
+        )
+    }
+}
+
+/// `KEY/DATE/REGION/SERVICE/aws4_request`, split; `None` if it is not that.
+fn split_credential(credential: &str) -> Option<[&str; 4]> {
+    let scope: Vec<&str> = credential.split('/').collect();
+    match scope[..] {
+        [key, date, region, service, "aws4_request"] => Some([key, date, region, service]),
+        _ => None,
+    }
+}
+
+/// Verifies a SigV4 request, signed in the `Authorization` header or as a
+/// presigned URL (query parameters), in four steps shared by both forms:
+/// the claim (parsed and checked against the clock), its scope and signed
+/// headers against this server, the canonical request, and the signature
+/// over the string to sign. `now` is injected for tests.
+pub fn verify(
+    head: &Head<'_>,
+    creds: &Credentials,
+    region: &str,
+    now: SystemTime,
+) -> Result<Verified, S3Error> {
+    let presigned = query_param(head.query, "X-Amz-Algorithm").is_some();
+    let claim = if presigned {
+        presigned_claim(head, now)?
+    } else {
+        header_claim(head, now)?
+    };
+    let known = creds
+        .by_key
+        .get(claim.access_key)
+        .ok_or(S3Error::InvalidAccessKeyId)?;
+    check_scope(&claim, region)?;
+    check_signed_headers(&claim, head.headers)?;
+    let content_sha = head
+        .headers
+        .get(X_AMZ_CONTENT_SHA256)
+        .and_then(|v| v.to_str().ok());
+    let payload = payload_of(content_sha)?;
+    let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
+    let scope = claim.scope();
+    let signing = Signing {
+        key: known.signing_key(&scope, claim.date, claim.region, claim.service),
+        amz_date: claim.amz_date.to_string(),
+        seed_signature: claim.signature.to_string(),
+        scope,
+    };
+    let to_sign = string_to_sign(&signing.amz_date, &signing.scope, &canonical);
+    if !same_signature(&signing.sign(&to_sign), claim.signature) {
+        return Err(S3Error::SignatureDoesNotMatch);
+    }
+    Ok(Verified {
+        credential: known.credential.clone(),
+        payload,
+        signing,
+        presigned,
+        signed_headers: claim.signed_headers.join(";"),
+    })
 }
 
 /// The claim of an `Authorization: AWS4-HMAC-SHA256 ...` header, with its
 /// `x-amz-date`, checked against the clock.
-fn header_claim<'a>(
-    head: &'a Head<'a>,
-    now: SystemTime,
-) -> Result<(AuthHeader<'a>, &'a str), S3Error> {
+fn header_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>, S3Error> {
     let Some(auth) = head.headers.get(http::header::AUTHORIZATION) else {
         return Err(S3Error::AccessDenied(
             "anonymous requests are not accepted: sign with SigV4".into(),
@@ -181,100 +248,22 @@ fn header_claim<'a>(
     let auth = auth
         .to_str()
         .map_err(|_| S3Error::AuthorizationHeaderMalformed("not ASCII".into()))?;
-    let a = parse_auth_header(auth)?;
-    let amz_date = head
-        .headers
-        .get("x-amz-date")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| S3Error::AccessDenied("x-amz-date is required".into()))?;
+    let amz_date = head.headers.get(X_AMZ_DATE).and_then(|v| v.to_str().ok());
+    let claim = parse_auth_header(auth, amz_date.unwrap_or_default())?;
+    let amz_date =
+        amz_date.ok_or_else(|| S3Error::AccessDenied("x-amz-date is required".into()))?;
     let when = parse_amz_date(amz_date)
         .ok_or_else(|| S3Error::AccessDenied(format!("x-amz-date {amz_date:?} is malformed")))?;
     let skew = now.duration_since(when).unwrap_or_else(|e| e.duration());
     if skew > MAX_SKEW {
         return Err(S3Error::RequestTimeTooSkewed);
     }
-    Ok((a, amz_date))
+    Ok(claim)
 }
 
-/// The claim of a presigned URL's `X-Amz-*` query parameters, checked
-/// against the clock: not expired, expiry at most 7 days, not from the
-/// future.
-fn presigned_claim<'a>(
-    head: &'a Head<'a>,
-    now: SystemTime,
-) -> Result<(AuthHeader<'a>, &'a str), S3Error> {
-    let malformed = |m: &str| S3Error::AuthorizationQueryParametersError(m.to_string());
-    let q = |n: &str| {
-        head.query
-            .iter()
-            .find(|(k, _)| k == n)
-            .map(|(_, v)| v.as_str())
-            .ok_or_else(|| malformed(&format!("{n} is missing")))
-    };
-    if head.headers.contains_key(http::header::AUTHORIZATION) {
-        return Err(malformed(
-            "a request is signed in the header or the URL, not both",
-        ));
-    }
-    if q("X-Amz-Algorithm")? != "AWS4-HMAC-SHA256" {
-        return Err(malformed("X-Amz-Algorithm must be AWS4-HMAC-SHA256"));
-    }
-    let scope: Vec<&str> = q("X-Amz-Credential")?.split('/').collect();
-    if scope.len() != 5 || scope[4] != "aws4_request" {
-        return Err(malformed(
-            "X-Amz-Credential must be KEY/DATE/REGION/SERVICE/aws4_request",
-        ));
-    }
-    let amz_date = q("X-Amz-Date")?;
-    let when = parse_amz_date(amz_date).ok_or_else(|| malformed("X-Amz-Date is malformed"))?;
-    let expires: u64 = q("X-Amz-Expires")?
-        .parse()
-        .map_err(|_| malformed("X-Amz-Expires must be a number of seconds"))?;
-    if expires == 0 || expires > MAX_PRESIGN_EXPIRY {
-        return Err(malformed(
-            "X-Amz-Expires must be between 1 and 604800 seconds (7 days)",
-        ));
-    }
-    if when > now + MAX_SKEW {
-        return Err(S3Error::RequestTimeTooSkewed);
-    }
-    if now > when + Duration::from_secs(expires) {
-        return Err(S3Error::ExpiredRequest);
-    }
-    Ok((
-        AuthHeader {
-            access_key: scope[0],
-            date: scope[1],
-            region: scope[2],
-            service: scope[3],
-            signed_headers: q("X-Amz-SignedHeaders")?.split(';').collect(),
-            signature: q("X-Amz-Signature")?,
-        },
-        amz_date,
-    ))
-}
-
-/// Constant-time comparison of two hex signatures.
-pub fn same_signature(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
-
-/// The parts of an `Authorization: AWS4-HMAC-SHA256 ...` header.
-#[derive(Debug, PartialEq, Eq)]
-struct AuthHeader<'a> {
-    access_key: &'a str,
-    date: &'a str,
-    region: &'a str,
-    service: &'a str,
-    signed_headers: Vec<&'a str>,
-    signature: &'a str,
-}
-
-fn parse_auth_header(value: &str) -> Result<AuthHeader<'_>, S3Error> {
+/// The parts of an `Authorization: AWS4-HMAC-SHA256 ...` header, with the
+/// request's `amz_date`.
+fn parse_auth_header<'a>(value: &'a str, amz_date: &'a str) -> Result<Claim<'a>, S3Error> {
     let malformed = |m: &str| S3Error::AuthorizationHeaderMalformed(m.to_string());
     let rest = value
         .strip_prefix("AWS4-HMAC-SHA256")
@@ -293,181 +282,107 @@ fn parse_auth_header(value: &str) -> Result<AuthHeader<'_>, S3Error> {
     let cred = cred.ok_or_else(|| malformed("missing Credential"))?;
     let signed = signed.ok_or_else(|| malformed("missing SignedHeaders"))?;
     let signature = sig.ok_or_else(|| malformed("missing Signature"))?;
-    let scope: Vec<&str> = cred.split('/').collect();
-    if scope.len() != 5 || scope[4] != "aws4_request" {
-        return Err(malformed(
-            "Credential must be KEY/DATE/REGION/SERVICE/aws4_request",
-        ));
-    }
-    Ok(AuthHeader {
-        access_key: scope[0],
-        date: scope[1],
-        region: scope[2],
-        service: scope[3],
+    let [access_key, date, region, service] = split_credential(cred)
+        .ok_or_else(|| malformed("Credential must be KEY/DATE/REGION/SERVICE/aws4_request"))?;
+    Ok(Claim {
+        access_key,
+        date,
+        region,
+        service,
         signed_headers: signed.split(';').collect(),
         signature,
+        amz_date,
     })
 }
 
-/// Parses `YYYYMMDDTHHMMSSZ` into a point in time.
-pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
-    let b = s.as_bytes();
-    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
-        return None;
+/// The claim of a presigned URL's `X-Amz-*` query parameters, checked
+/// against the clock: not expired, expiry at most 7 days, not from the
+/// future.
+fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>, S3Error> {
+    let malformed = |m: &str| S3Error::AuthorizationQueryParametersError(m.to_string());
+    let q =
+        |n: &str| query_param(head.query, n).ok_or_else(|| malformed(&format!("{n} is missing")));
+    if head.headers.contains_key(http::header::AUTHORIZATION) {
+        return Err(malformed(
+            "a request is signed in the header or the URL, not both",
+        ));
     }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = s.get(r)?;
-        if !part.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        part.parse().ok()
-    };
-    let (y, m, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
-    let (hh, mm, ss) = (num(9..11)?, num(11..13)?, num(13..15)?);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
-        return None;
+    if q("X-Amz-Algorithm")? != "AWS4-HMAC-SHA256" {
+        return Err(malformed("X-Amz-Algorithm must be AWS4-HMAC-SHA256"));
     }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
-}
-
-/// Decodes a raw query string into pairs (no `+`-as-space: S3 signs `%20`).
-pub fn decode_query(raw: Option<&str>) -> Vec<(String, String)> {
-    let Some(raw) = raw else { return Vec::new() };
-    raw.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            let dec = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
-            (dec(k), dec(v))
-        })
-        .collect()
-}
-
-/// The canonical URI: the decoded path re-encoded with SigV4's rules
-/// (S3 does not normalise `.` or `//`).
-pub fn canonical_uri(raw_path: &str) -> String {
-    let decoded = percent_decode_str(raw_path).collect::<Vec<u8>>();
-    let decoded = String::from_utf8_lossy(&decoded);
-    let enc = utf8_percent_encode(&decoded, PATH).to_string();
-    if enc.is_empty() { "/".into() } else { enc }
-}
-
-/// The canonical query string from decoded pairs, skipping `skip`.
-pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String {
-    let mut enc: Vec<(String, String)> = pairs
-        .iter()
-        .filter(|(k, _)| Some(k.as_str()) != skip)
-        .map(|(k, v)| {
-            (
-                utf8_percent_encode(k, STRICT).to_string(),
-                utf8_percent_encode(v, STRICT).to_string(),
-            )
-        })
-        .collect();
-    enc.sort();
-    enc.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-fn canonical_header_value(headers: &HeaderMap, name: &str) -> Result<String, S3Error> {
-    let mut values = Vec::new();
-    for v in headers.get_all(name) {
-        let v = std::str::from_utf8(v.as_bytes()).map_err(|_| {
-            S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
+    let [access_key, date, region, service] =
+        split_credential(q("X-Amz-Credential")?).ok_or_else(|| {
+            malformed("X-Amz-Credential must be KEY/DATE/REGION/SERVICE/aws4_request")
         })?;
-        values.push(v.split_whitespace().collect::<Vec<_>>().join(" "));
+    let amz_date = q("X-Amz-Date")?;
+    let when = parse_amz_date(amz_date).ok_or_else(|| malformed("X-Amz-Date is malformed"))?;
+    let expires: u64 = q("X-Amz-Expires")?
+        .parse()
+        .map_err(|_| malformed("X-Amz-Expires must be a number of seconds"))?;
+    if expires == 0 || expires > MAX_PRESIGN_EXPIRY {
+        return Err(malformed(
+            "X-Amz-Expires must be between 1 and 604800 seconds (7 days)",
+        ));
     }
-    if values.is_empty() {
-        return Err(S3Error::AuthorizationHeaderMalformed(format!(
-            "signed header {name} is missing"
-        )));
+    if when > now + MAX_SKEW {
+        return Err(S3Error::RequestTimeTooSkewed);
     }
-    Ok(values.join(","))
+    if now > when + Duration::from_secs(expires) {
+        return Err(S3Error::ExpiredRequest);
+    }
+    Ok(Claim {
+        access_key,
+        date,
+        region,
+        service,
+        signed_headers: q("X-Amz-SignedHeaders")?.split(';').collect(),
+        signature: q("X-Amz-Signature")?,
+        amz_date,
+    })
 }
 
-/// The request head as the verifier needs it.
-pub struct Head<'a> {
-    pub method: &'a str,
-    pub raw_path: &'a str,
-    pub query: &'a [(String, String)],
-    pub headers: &'a HeaderMap,
-}
-
-/// The longest validity of a presigned URL: 7 days.
-pub const MAX_PRESIGN_EXPIRY: u64 = 7 * 24 * 3600;
-
-/// Verifies a SigV4 request, signed in the `Authorization` header or as a
-/// presigned URL (query parameters). `now` is injected for tests.
-pub fn verify(
-    head: &Head<'_>,
-    creds: &Credentials,
-    region: &str,
-    now: SystemTime,
-) -> Result<Verified, S3Error> {
-    let q = |n: &str| {
-        head.query
-            .iter()
-            .find(|(k, _)| k == n)
-            .map(|(_, v)| v.as_str())
-    };
-    let presigned = q("X-Amz-Algorithm").is_some();
-    let (a, amz_date) = if presigned {
-        presigned_claim(head, now)?
-    } else {
-        header_claim(head, now)?
-    };
-    let known = creds
-        .by_key
-        .get(a.access_key)
-        .ok_or(S3Error::InvalidAccessKeyId)?;
-    let credential = known.credential.clone();
-    if a.region != region {
+/// The claim's scope is this server's: its region, the service `s3`, and
+/// the day of the request's timestamp.
+fn check_scope(claim: &Claim<'_>, region: &str) -> Result<(), S3Error> {
+    if claim.region != region {
         return Err(S3Error::AuthorizationHeaderMalformed(format!(
             "the region {:?} is wrong; expecting {region:?}",
-            a.region
+            claim.region
         )));
     }
-    if a.service != "s3" {
+    if claim.service != "s3" {
         return Err(S3Error::AuthorizationHeaderMalformed(
             "the service must be s3".into(),
         ));
     }
-    if !amz_date.starts_with(a.date) || a.date.len() != 8 {
+    if !claim.amz_date.starts_with(claim.date) || claim.date.len() != 8 {
         return Err(S3Error::AuthorizationHeaderMalformed(
             "the credential date does not match the request date".into(),
         ));
     }
-    if !a.signed_headers.contains(&"host") {
+    Ok(())
+}
+
+/// `host` is signed, and so is every `x-amz-*` header sent, as S3 requires,
+/// so that nothing that changes the request's meaning rides along unsigned.
+fn check_signed_headers(claim: &Claim<'_>, headers: &HeaderMap) -> Result<(), S3Error> {
+    if !claim.signed_headers.contains(&"host") {
         return Err(S3Error::AuthorizationHeaderMalformed(
             "host must be a signed header".into(),
         ));
     }
-    // Every x-amz-* header sent must be signed, as S3 requires, so that
-    // nothing that changes the request's meaning rides along unsigned.
-    for name in head.headers.keys() {
+    for name in headers.keys() {
         let n = name.as_str();
-        if n.starts_with("x-amz-") && !a.signed_headers.contains(&n) {
+        if n.starts_with("x-amz-") && !claim.signed_headers.contains(&n) {
             return Err(S3Error::AccessDenied(format!("header {n} must be signed")));
         }
     }
-    let content_sha = head
-        .headers
-        .get("x-amz-content-sha256")
-        .and_then(|v| v.to_str().ok());
-    let payload = match content_sha {
+    Ok(())
+}
+
+/// How the body is protected, from the `x-amz-content-sha256` value.
+fn payload_of(content_sha: Option<&str>) -> Result<Payload, S3Error> {
+    Ok(match content_sha {
         None | Some("UNSIGNED-PAYLOAD") => Payload::Unsigned,
         Some("STREAMING-AWS4-HMAC-SHA256-PAYLOAD") => Payload::StreamingSigned { trailer: false },
         Some("STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER") => {
@@ -481,7 +396,18 @@ pub fn verify(
             })?;
             Payload::Sha256(out)
         }
-    };
+    })
+}
+
+/// The canonical request: method, URI, query (without the signature of a
+/// presigned URL), the signed headers with their values, and the payload
+/// hash as the client sent it.
+pub fn canonical_request(
+    head: &Head<'_>,
+    signed_headers: &[&str],
+    presigned: bool,
+    content_sha: Option<&str>,
+) -> Result<String, S3Error> {
     let mut canonical = String::with_capacity(512);
     canonical.push_str(head.method);
     canonical.push('\n');
@@ -490,55 +416,42 @@ pub fn verify(
     let skip = presigned.then_some("X-Amz-Signature");
     canonical.push_str(&canonical_query(head.query, skip));
     canonical.push('\n');
-    for name in &a.signed_headers {
+    for name in signed_headers {
         canonical.push_str(name);
         canonical.push(':');
         canonical.push_str(&canonical_header_value(head.headers, name)?);
         canonical.push('\n');
     }
     canonical.push('\n');
-    let signed_headers = a.signed_headers.join(";");
-    canonical.push_str(&signed_headers);
+    canonical.push_str(&signed_headers.join(";"));
     canonical.push('\n');
     canonical.push_str(content_sha.unwrap_or("UNSIGNED-PAYLOAD"));
-
-    let scope = format!("{}/{}/{}/aws4_request", a.date, a.region, a.service);
-    let string_to_sign = format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        sha256_hex(canonical.as_bytes())
-    );
-    let signing = Signing {
-        key: known.signing_key(&scope, a.date, a.region, a.service),
-        amz_date: amz_date.to_string(),
-        scope,
-        seed_signature: a.signature.to_string(),
-    };
-    if !same_signature(&signing.sign(&string_to_sign), a.signature) {
-        return Err(S3Error::SignatureDoesNotMatch);
-    }
-    Ok(Verified {
-        credential,
-        payload,
-        signing,
-        presigned,
-        signed_headers,
-    })
+    Ok(canonical)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::s3::sigv4::EMPTY_SHA256;
+
+    /// A table of one credential, allowed every bucket.
+    fn one_credential(key: &str, secret: &str) -> Credentials {
+        Credentials::new(&[Credential {
+            access_key_id: key.into(),
+            secret_access_key: secret.into(),
+            buckets: vec!["*".into()],
+            bucket_admin: false,
+        }])
+    }
 
     // The GET Object example of the AWS SigV4 documentation for S3
     // ("Example: GET Object" with a Range header).
     #[test]
     fn aws_documentation_get_object_example() {
-        let creds = Credentials::new(&[Credential {
-            access_key_id: "AKIAIOSFODNN7EXAMPLE".into(),
-            secret_access_key: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
-            buckets: vec!["*".into()],
-            bucket_admin: false,
-        }]);
+        let creds = one_credential(
+            "AKIAIOSFODNN7EXAMPLE",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        );
         let mut h = HeaderMap::new();
         h.insert("host", "examplebucket.s3.amazonaws.com".parse().unwrap());
         h.insert("range", "bytes=0-9".parse().unwrap());
@@ -580,18 +493,66 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn amz_date_parses() {
-        let t = parse_amz_date("19700102T000001Z").unwrap();
-        assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 86_401);
-        assert!(parse_amz_date("2013-05-24T00:00:00Z").is_none());
+    /// A GET of /b/k by access key `AK`, signed at `amz_date` with `secret`
+    /// (the verifier's own canonical request; the AWS example above checks
+    /// that form).
+    fn signed_get(secret: &str, amz_date: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("host", "127.0.0.1:9000".parse().unwrap());
+        h.insert(X_AMZ_DATE, amz_date.parse().unwrap());
+        h.insert(X_AMZ_CONTENT_SHA256, EMPTY_SHA256.parse().unwrap());
+        let signed = ["host", X_AMZ_CONTENT_SHA256, X_AMZ_DATE];
+        let head = Head {
+            method: "GET",
+            raw_path: "/b/k",
+            query: &[],
+            headers: &h,
+        };
+        let canonical = canonical_request(&head, &signed, false, Some(EMPTY_SHA256)).unwrap();
+        let day = &amz_date[..8];
+        let scope = format!("{day}/us-east-1/s3/aws4_request");
+        let key = signing_key(secret, day, "us-east-1", "s3");
+        let signature = hex::encode(hmac(
+            &key,
+            string_to_sign(amz_date, &scope, &canonical).as_bytes(),
+        ));
+        let authz = format!(
+            "AWS4-HMAC-SHA256 Credential=AK/{scope},SignedHeaders={},Signature={signature}",
+            signed.join(";")
+        );
+        h.insert(http::header::AUTHORIZATION, authz.parse().unwrap());
+        h
     }
 
+    fn verify_get(
+        creds: &Credentials,
+        headers: &HeaderMap,
+        amz_date: &str,
+    ) -> Result<Verified, S3Error> {
+        let head = Head {
+            method: "GET",
+            raw_path: "/b/k",
+            query: &[],
+            headers,
+        };
+        verify(&head, creds, "us-east-1", parse_amz_date(amz_date).unwrap())
+    }
+
+    // The verifier remembers each credential's signing key for its scope
+    // (`Known`): a request of the next day must get its own key, going back
+    // to the first day too, and a remembered key must not make a wrong
+    // signature pass.
     #[test]
-    fn canonical_forms() {
-        assert_eq!(canonical_uri("/b/a%20b/c~d"), "/b/a%20b/c~d");
-        assert_eq!(canonical_uri("/b/a+b"), "/b/a%2Bb");
-        let q = decode_query(Some("uploads&b=2&a=x%2Fy"));
-        assert_eq!(canonical_query(&q, None), "a=x%2Fy&b=2&uploads=");
+    fn remembered_signing_key_follows_the_scope() {
+        let creds = one_credential("AK", "SK");
+        let day1 = "20240101T235959Z";
+        let day2 = "20240102T000001Z";
+        for at in [day1, day2, day1] {
+            verify_get(&creds, &signed_get("SK", at), at).unwrap_or_else(|e| panic!("{at}: {e:?}"));
+        }
+        assert!(matches!(
+            verify_get(&creds, &signed_get("not-SK", day1), day1),
+            Err(S3Error::SignatureDoesNotMatch)
+        ));
     }
 }

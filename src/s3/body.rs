@@ -1,19 +1,18 @@
 //! Request bodies on their way upstream, as streams of frames:
-//! the payload checks (hex SHA-256), the commit gate that holds back the last
-//! frame until everything verified and the fence still admits the write, and
-//! the aws-chunked encoder that carries checksum trailers to the backend.
+//! the payload checks (hex SHA-256) and the aws-chunked encoder that carries
+//! checksum trailers to the backend. The commit gate that holds back the
+//! last frame until everything verified and the fence still admits the write
+//! is the fence's (`fence::commit`).
 
 use super::chunked::{ByteStream, FrameStream};
 use super::error::S3Error;
-use crate::admin::metrics as m;
-use crate::fence::gate::Permit;
+use crate::metric_names as m;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use http::HeaderMap;
 use http_body::Frame;
 use http_body_util::BodyStream;
 use sha2::{Digest, Sha256};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The client's body as bytes. A connection that ends early is an
@@ -78,79 +77,6 @@ pub fn sha256_checked(input: ByteStream, expected: [u8; 32]) -> FrameStream {
                     None
                 } else {
                     Some((Err(S3Error::ContentSha256Mismatch), st))
-                }
-            }
-        }
-    }))
-}
-
-/// Holds back the last frame of `input` until the stream has ended cleanly
-/// (so every check above has passed) and, for a fenced write, until the gate
-/// confirms the write was not aborted. Until then the backend cannot have a
-/// complete body. An abort while streaming ends the body with a stale-token
-/// error, which aborts the upstream request.
-pub fn commit_gate(
-    input: FrameStream,
-    permit: Option<Arc<Permit>>,
-    resource: String,
-) -> FrameStream {
-    struct St {
-        input: FrameStream,
-        held: Option<Frame<Bytes>>,
-        permit: Option<Arc<Permit>>,
-        resource: String,
-        done: bool,
-    }
-    let st = St {
-        input,
-        held: None,
-        permit,
-        resource,
-        done: false,
-    };
-    fn stale(st: &St) -> S3Error {
-        let p = st.permit.as_ref().expect("only fenced writes abort");
-        S3Error::aborted(p, &st.resource)
-    }
-    Box::pin(futures_util::stream::unfold(st, |mut st| async move {
-        if st.done {
-            return None;
-        }
-        loop {
-            let next = match &st.permit {
-                Some(p) => {
-                    let signal = p.abort_signal();
-                    tokio::select! {
-                        biased;
-                        _ = signal.fired() => {
-                            st.done = true;
-                            let e = stale(&st);
-                            return Some((Err(e), st));
-                        }
-                        item = st.input.next() => item,
-                    }
-                }
-                None => st.input.next().await,
-            };
-            match next {
-                Some(Ok(frame)) => {
-                    if let Some(prev) = st.held.replace(frame) {
-                        return Some((Ok(prev), st));
-                    }
-                }
-                Some(Err(e)) => {
-                    st.done = true;
-                    return Some((Err(e), st));
-                }
-                None => {
-                    st.done = true;
-                    if let Some(p) = &st.permit
-                        && !p.body_complete()
-                    {
-                        let e = stale(&st);
-                        return Some((Err(e), st));
-                    }
-                    return st.held.take().map(|f| (Ok(f), st));
                 }
             }
         }
@@ -299,23 +225,5 @@ mod tests {
         let good: [u8; 32] = Sha256::digest(b"abc").into();
         let out: Vec<_> = sha256_checked(input, good).collect().await;
         assert!(out.iter().all(|r| r.is_ok()));
-    }
-
-    #[tokio::test]
-    async fn gate_never_releases_last_frame_before_a_clean_end() {
-        let parts: Vec<Result<Frame<Bytes>, S3Error>> = vec![
-            Ok(Frame::data(Bytes::from_static(b"a"))),
-            Ok(Frame::data(Bytes::from_static(b"b"))),
-            Err(S3Error::IncompleteBody),
-        ];
-        let out: Vec<_> = commit_gate(
-            Box::pin(futures_util::stream::iter(parts)),
-            None,
-            "r".into(),
-        )
-        .collect()
-        .await;
-        assert_eq!(out.len(), 2, "only the first frame and the error");
-        assert!(out[1].is_err());
     }
 }

@@ -6,10 +6,11 @@
 //!
 //! Chunk data is passed on before its chunk's signature is checked (nothing
 //! is buffered); that is safe because the last bytes of a body are released
-//! upstream only after the whole body verified (see `body::commit_gate`).
+//! upstream only after the whole body verified (see `fence::commit`).
 
-use super::auth::{EMPTY_SHA256, Signing, same_signature, sha256_hex};
+use super::auth::Signing;
 use super::error::S3Error;
+use super::sigv4::{EMPTY_SHA256, same_signature, sha256_hex};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -278,7 +279,7 @@ pub fn decode(input: ByteStream, spec: ChunkedSpec) -> FrameStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::auth::signing_key;
+    use crate::s3::sigv4::signing_key;
 
     fn example_signing(seed: &str) -> Signing {
         Signing {

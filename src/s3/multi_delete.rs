@@ -19,6 +19,7 @@
 use super::error::S3Error;
 use super::error::xml_escape;
 use super::names::check_key;
+use super::xml::predefined_entity;
 use quick_xml::Reader;
 use quick_xml::events::Event;
 
@@ -112,17 +113,9 @@ impl Delete {
                         Some(c) => c.to_string(),
                         None => {
                             let name: &str = &r;
-                            match name {
-                                "amp" => "&",
-                                "lt" => "<",
-                                "gt" => ">",
-                                "quot" => "\"",
-                                "apos" => "'",
-                                other => {
-                                    return Err(malformed(format!("unknown entity &{other};")));
-                                }
-                            }
-                            .to_string()
+                            predefined_entity(name)
+                                .ok_or_else(|| malformed(format!("unknown entity &{name};")))?
+                                .to_string()
                         }
                     };
                     st.push_text(&ch)?;

@@ -20,7 +20,7 @@
 //! A trailing `/` (a "folder" object, `photos/`) is allowed.
 
 use super::error::S3Error;
-use crate::s3::auth::{PATH, STRICT};
+use super::sigv4::{PATH, STRICT};
 use percent_encoding::{percent_decode_str, utf8_percent_encode};
 
 /// The longest key S3 accepts, in bytes.

@@ -5,7 +5,9 @@
 //! table of `match`es below.
 
 use super::error::S3Error;
+use super::headers::X_AMZ_COPY_SOURCE;
 use super::names::CopySource;
+use super::query::{has_query_param, query_param};
 use http::{HeaderMap, Method};
 
 /// What a request does, as far as fencing and permissions are concerned.
@@ -196,10 +198,6 @@ impl Operation {
     }
 }
 
-fn has(query: &[(String, String)], name: &str) -> bool {
-    query.iter().any(|(k, _)| k == name)
-}
-
 /// Query parameters that would make a backend act on another object than
 /// the one in the path (S3 Express's RenameObject deletes its source).
 const REFUSED_SUBRESOURCES: &[&str] = &["renameObject"];
@@ -212,12 +210,12 @@ pub fn classify(
     query: &[(String, String)],
     headers: &HeaderMap,
 ) -> Result<Operation, S3Error> {
-    let q = |n| has(query, n);
+    let q = |n| has_query_param(query, n);
     let unsupported = |what: &str| Err(S3Error::NotImplemented(format!("{what} is not supported")));
     if let Some(r) = REFUSED_SUBRESOURCES.iter().find(|r| q(r)) {
         return unsupported(&format!("?{r}"));
     }
-    let copy = headers.contains_key("x-amz-copy-source");
+    let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
     let op = match (bucket.is_some(), key.is_some()) {
         (false, _) => match *method {
             Method::GET | Method::HEAD => Op::ListBuckets,
@@ -270,16 +268,13 @@ pub fn classify(
             op.name()
         )));
     }
-    let copy_source = match headers.get("x-amz-copy-source") {
+    let copy_source = match headers.get(X_AMZ_COPY_SOURCE) {
         Some(v) if op.copies() => Some(CopySource::parse(v.as_bytes())?),
         _ => None,
     };
     let upload_id =
         if op.inherits_upload_token() {
-            let id = query
-                .iter()
-                .find(|(k, _)| k == "uploadId")
-                .map(|(_, v)| v.clone());
+            let id = query_param(query, "uploadId").map(str::to_string);
             Some(id.filter(|i| !i.is_empty()).ok_or_else(|| {
                 S3Error::InvalidArgument(format!("{} needs an uploadId", op.name()))
             })?)

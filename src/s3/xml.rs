@@ -55,18 +55,19 @@ fn resolve(r: &quick_xml::events::BytesRef<'_>) -> Option<String> {
     if let Ok(Some(c)) = r.resolve_char_ref() {
         return Some(c.to_string());
     }
-    let name: &str = r;
-    Some(
-        match name {
-            "amp" => "&",
-            "lt" => "<",
-            "gt" => ">",
-            "quot" => "\"",
-            "apos" => "'",
-            _ => return None,
-        }
-        .to_string(),
-    )
+    predefined_entity(r).map(str::to_string)
+}
+
+/// The text of one of XML's five predefined entities, by name.
+pub(super) fn predefined_entity(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "amp" => "&",
+        "lt" => "<",
+        "gt" => ">",
+        "quot" => "\"",
+        "apos" => "'",
+        _ => return None,
+    })
 }
 
 /// The `<UploadId>` of an `<InitiateMultipartUploadResult>`.

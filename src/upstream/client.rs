@@ -2,9 +2,13 @@
 //! re-signing with the backend's credentials (aws-sigv4), and a streaming
 //! body both ways.
 
-use crate::s3::auth::{PATH, STRICT};
 use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
+use crate::s3::headers::{
+    X_AMZ_CONTENT_SHA256, X_AMZ_COPY_SOURCE, X_AMZ_DATE, X_AMZ_DECODED_CONTENT_LENGTH,
+    X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER,
+};
+use crate::s3::sigv4::{PATH, STRICT};
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{
     PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
@@ -79,13 +83,13 @@ const DROPPED: &[&str] = &[
     "expect",
     "host",
     "content-length",
-    "x-amz-date",
-    "x-amz-content-sha256",
-    "x-amz-security-token",
-    "x-amz-decoded-content-length",
-    "x-amz-trailer",
+    X_AMZ_DATE,
+    X_AMZ_CONTENT_SHA256,
+    X_AMZ_SECURITY_TOKEN,
+    X_AMZ_DECODED_CONTENT_LENGTH,
+    X_AMZ_TRAILER,
     // Forwarded only as fencegate parsed it, on copies (see s3::names).
-    "x-amz-copy-source",
+    X_AMZ_COPY_SOURCE,
 ];
 
 /// Response headers that are not passed back (hop-by-hop).

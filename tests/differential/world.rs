@@ -112,7 +112,7 @@ impl World {
             }
         };
         let raw = RawClient::new(&fg.endpoint());
-        let w = World {
+        let world = World {
             which,
             fg,
             raw,
@@ -120,14 +120,14 @@ impl World {
             _garage: garage,
             _moto: moto,
         };
-        let admin = super::common::sdk(&w.fg.endpoint());
+        let admin = super::common::sdk(&world.fg.endpoint());
         for b in ["shared", "oth"] {
             super::common::ensure_bucket(&admin, b).await;
         }
         for (b, k) in SEEDS {
-            w.put(b, k, seed_body(b, k), 1).await;
+            world.put(b, k, seed_body(b, k), 1).await;
         }
-        w
+        world
     }
 
     /// PutObject through fencegate as the demo credential.

@@ -1,7 +1,8 @@
 //! The `[locks]` table (where the lock services are) and the `[[eager]]`
-//! entries (which resource follows which lock), with their checks.
+//! entries (which resource follows which lock), with their checks. The
+//! schema lives with the rest of the file's; `locks` reads it.
 
-use crate::config::{ConfigError, err};
+use super::{ConfigError, err};
 use serde::Deserialize;
 use std::time::Duration;
 

@@ -4,10 +4,18 @@
 //! Every table denies unknown fields, so a typo is an error instead of a
 //! silently ignored setting.
 
+pub mod locks;
+mod validate;
+
+use locks::{EagerConfig, LocksConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Default of `fence.max_cached_resources`: how many resources the gate
+/// keeps in memory before it evicts idle ones.
+pub const DEFAULT_MAX_CACHED_RESOURCES: usize = 100_000;
 
 /// Access key of the demo credential shipped in the sample config.
 pub const DEMO_ACCESS_KEY: &str = "fencegate-demo";
@@ -24,9 +32,9 @@ pub struct Config {
     pub rules: Vec<RuleConfig>,
     pub log: LogConfig,
     /// Where the lock services are (for eager fencing).
-    pub locks: crate::locks::config::LocksConfig,
+    pub locks: LocksConfig,
     /// Resources whose fence follows a lock (eager fencing).
-    pub eager: Vec<crate::locks::config::EagerConfig>,
+    pub eager: Vec<EagerConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -260,7 +268,7 @@ impl Default for FenceConfig {
             admission_wait_ms: 10_000,
             quarantine_ms: 30_000,
             require_signed_token: false,
-            max_cached_resources: crate::fence::gate::DEFAULT_MAX_SLOTS,
+            max_cached_resources: DEFAULT_MAX_CACHED_RESOURCES,
         }
     }
 }
@@ -320,153 +328,16 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Checks what serde cannot: relations between fields and values.
-    /// Called after command-line overrides are applied.
+    /// Checks what serde cannot: relations between fields and values, one
+    /// table after another (see `validate.rs`), naming the first field at
+    /// fault. Called after command-line overrides are applied.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.server.region.is_empty() {
-            return Err(err("server.region", "must not be empty"));
-        }
-        for (i, d) in self.server.domains.iter().enumerate() {
-            if d.is_empty() || d.contains(['/', ':', ' ']) || d.starts_with('.') {
-                return Err(err(
-                    &format!("server.domains[{i}]"),
-                    format!("{d:?} is not a domain name"),
-                ));
-            }
-        }
-        if self.server.max_header_bytes < 1024 {
-            return Err(err("server.max_header_bytes", "must be at least 1024"));
-        }
-        let header_ok = |s: &str| {
-            !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        };
-        if !header_ok(&self.fence.token_header) {
-            return Err(err("fence.token_header", "must be a non-empty header name"));
-        }
-        if !header_ok(&self.fence.token_query) {
-            return Err(err(
-                "fence.token_query",
-                "must be a non-empty parameter name",
-            ));
-        }
-        if !header_ok(&self.fence.stamp_metadata) {
-            return Err(err("fence.stamp_metadata", "must be a non-empty name"));
-        }
-        if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
-            return Err(err("server.tls_key", "tls_cert and tls_key go together"));
-        }
-        if self.server.max_connections == 0 {
-            return Err(err("server.max_connections", "must be greater than 0"));
-        }
-        if self.server.idle_timeout_ms == 0 {
-            return Err(err("server.idle_timeout_ms", "must be greater than 0"));
-        }
-        if self.server.request_timeout_ms == 0 {
-            return Err(err("server.request_timeout_ms", "must be greater than 0"));
-        }
-        if let Some(t) = &self.server.admin_token
-            && t.0.len() < 16
-        {
-            return Err(err("server.admin_token", "must be at least 16 characters"));
-        }
-        if self.fence.admission_wait_ms == 0 {
-            return Err(err("fence.admission_wait_ms", "must be greater than 0"));
-        }
-        if self.fence.max_cached_resources == 0 {
-            return Err(err("fence.max_cached_resources", "must be greater than 0"));
-        }
-        match self.backend.kind {
-            BackendKind::Embedded => {
-                if self.backend.endpoint.is_some() {
-                    return Err(err(
-                        "backend.endpoint",
-                        "only valid with backend.kind = \"s3\"",
-                    ));
-                }
-            }
-            BackendKind::S3 => {
-                let Some(ep) = &self.backend.endpoint else {
-                    return Err(err(
-                        "backend.endpoint",
-                        "required when backend.kind = \"s3\"",
-                    ));
-                };
-                let uri: http::Uri = ep
-                    .parse()
-                    .map_err(|e| err("backend.endpoint", format!("not a URL: {e}")))?;
-                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                    return Err(err(
-                        "backend.endpoint",
-                        "must look like http://host:port or https://host:port",
-                    ));
-                }
-                if self.backend.access_key_id.is_some() != self.backend.secret_access_key.is_some()
-                {
-                    return Err(err(
-                        "backend.secret_access_key",
-                        "access_key_id and secret_access_key go together",
-                    ));
-                }
-            }
-        }
-        if self.credentials.is_empty() {
-            return Err(err("credentials", "at least one credential is required"));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (i, c) in self.credentials.iter().enumerate() {
-            if c.access_key_id.is_empty() {
-                return Err(err(&format!("credentials[{i}].access_key_id"), "empty"));
-            }
-            if c.secret_access_key.is_empty() {
-                return Err(err(&format!("credentials[{i}].secret_access_key"), "empty"));
-            }
-            if !seen.insert(&c.access_key_id) {
-                return Err(err(
-                    &format!("credentials[{i}].access_key_id"),
-                    format!("duplicate access key {:?}", c.access_key_id),
-                ));
-            }
-        }
-        let demo = self
-            .credentials
-            .iter()
-            .any(|c| c.access_key_id == DEMO_ACCESS_KEY || c.secret_access_key == DEMO_SECRET_KEY);
-        if demo && !self.server.listen.ip().is_loopback() {
-            return Err(err(
-                "server.listen",
-                "the demo credential is configured; refusing to listen on a non-loopback \
-                 address (replace [[credentials]] first)",
-            ));
-        }
-        let mut rules = std::collections::HashSet::new();
-        for (i, r) in self.rules.iter().enumerate() {
-            let field = |f: &str| format!("rules[{i}].{f}");
-            if r.bucket.is_empty() {
-                return Err(err(&field("bucket"), "must not be empty"));
-            }
-            match (r.mode, &r.resource) {
-                (RuleMode::Shared, None) => {
-                    return Err(err(&field("resource"), "required when mode = \"shared\""));
-                }
-                (RuleMode::Shared, Some(name)) if name.is_empty() => {
-                    return Err(err(&field("resource"), "must not be empty"));
-                }
-                (RuleMode::PerObject | RuleMode::Unfenced, Some(_)) => {
-                    return Err(err(&field("resource"), "only valid with mode = \"shared\""));
-                }
-                _ => {}
-            }
-            if !rules.insert((&r.bucket, &r.prefix)) {
-                return Err(err(
-                    &field("prefix"),
-                    "duplicate rule for this bucket and prefix",
-                ));
-            }
-        }
-        crate::locks::config::validate(&self.locks, &self.eager)?;
-        Ok(())
+        validate::server(&self.server)?;
+        validate::fence(&self.fence)?;
+        validate::backend(&self.backend)?;
+        validate::credentials(&self.credentials, &self.server)?;
+        validate::rules(&self.rules)?;
+        locks::validate(&self.locks, &self.eager)
     }
 
     /// The admin bearer token: from the file, else `FENCEGATE_ADMIN_TOKEN`.

@@ -1,0 +1,181 @@
+//! The checks serde cannot make, one function per table, each naming the
+//! first field at fault. [`Config::validate`](super::Config::validate)
+//! calls them in order; the `[locks]` and `[[eager]]` checks are in
+//! `locks.rs`, beside their schema.
+
+use super::{
+    BackendConfig, BackendKind, ConfigError, Credential, DEMO_ACCESS_KEY, DEMO_SECRET_KEY,
+    FenceConfig, RuleConfig, RuleMode, ServerConfig, err,
+};
+use std::collections::HashSet;
+
+/// `[server]`: region, domains, limits, TLS pair, admin token.
+pub(super) fn server(server: &ServerConfig) -> Result<(), ConfigError> {
+    if server.region.is_empty() {
+        return Err(err("server.region", "must not be empty"));
+    }
+    for (i, d) in server.domains.iter().enumerate() {
+        if d.is_empty() || d.contains(['/', ':', ' ']) || d.starts_with('.') {
+            return Err(err(
+                &format!("server.domains[{i}]"),
+                format!("{d:?} is not a domain name"),
+            ));
+        }
+    }
+    if server.max_header_bytes < 1024 {
+        return Err(err("server.max_header_bytes", "must be at least 1024"));
+    }
+    if server.tls_cert.is_some() != server.tls_key.is_some() {
+        return Err(err("server.tls_key", "tls_cert and tls_key go together"));
+    }
+    if server.max_connections == 0 {
+        return Err(err("server.max_connections", "must be greater than 0"));
+    }
+    if server.idle_timeout_ms == 0 {
+        return Err(err("server.idle_timeout_ms", "must be greater than 0"));
+    }
+    if server.request_timeout_ms == 0 {
+        return Err(err("server.request_timeout_ms", "must be greater than 0"));
+    }
+    if let Some(t) = &server.admin_token
+        && t.0.len() < 16
+    {
+        return Err(err("server.admin_token", "must be at least 16 characters"));
+    }
+    Ok(())
+}
+
+/// `[fence]`: the carrier names, the admission wait, the cache size.
+pub(super) fn fence(fence: &FenceConfig) -> Result<(), ConfigError> {
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if !name_ok(&fence.token_header) {
+        return Err(err("fence.token_header", "must be a non-empty header name"));
+    }
+    if !name_ok(&fence.token_query) {
+        return Err(err(
+            "fence.token_query",
+            "must be a non-empty parameter name",
+        ));
+    }
+    if !name_ok(&fence.stamp_metadata) {
+        return Err(err("fence.stamp_metadata", "must be a non-empty name"));
+    }
+    if fence.admission_wait_ms == 0 {
+        return Err(err("fence.admission_wait_ms", "must be greater than 0"));
+    }
+    if fence.max_cached_resources == 0 {
+        return Err(err("fence.max_cached_resources", "must be greater than 0"));
+    }
+    Ok(())
+}
+
+/// `[backend]`: an endpoint exactly when the kind is `s3`, a URL, and the
+/// key pair whole.
+pub(super) fn backend(backend: &BackendConfig) -> Result<(), ConfigError> {
+    match backend.kind {
+        BackendKind::Embedded => {
+            if backend.endpoint.is_some() {
+                return Err(err(
+                    "backend.endpoint",
+                    "only valid with backend.kind = \"s3\"",
+                ));
+            }
+        }
+        BackendKind::S3 => {
+            let Some(ep) = &backend.endpoint else {
+                return Err(err(
+                    "backend.endpoint",
+                    "required when backend.kind = \"s3\"",
+                ));
+            };
+            let uri: http::Uri = ep
+                .parse()
+                .map_err(|e| err("backend.endpoint", format!("not a URL: {e}")))?;
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                return Err(err(
+                    "backend.endpoint",
+                    "must look like http://host:port or https://host:port",
+                ));
+            }
+            if backend.access_key_id.is_some() != backend.secret_access_key.is_some() {
+                return Err(err(
+                    "backend.secret_access_key",
+                    "access_key_id and secret_access_key go together",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `[[credentials]]`: at least one, none empty, no access key twice; and the
+/// demo credential only on a loopback listener.
+pub(super) fn credentials(
+    credentials: &[Credential],
+    server: &ServerConfig,
+) -> Result<(), ConfigError> {
+    if credentials.is_empty() {
+        return Err(err("credentials", "at least one credential is required"));
+    }
+    let mut seen = HashSet::new();
+    for (i, c) in credentials.iter().enumerate() {
+        if c.access_key_id.is_empty() {
+            return Err(err(&format!("credentials[{i}].access_key_id"), "empty"));
+        }
+        if c.secret_access_key.is_empty() {
+            return Err(err(&format!("credentials[{i}].secret_access_key"), "empty"));
+        }
+        if !seen.insert(&c.access_key_id) {
+            return Err(err(
+                &format!("credentials[{i}].access_key_id"),
+                format!("duplicate access key {:?}", c.access_key_id),
+            ));
+        }
+    }
+    let demo = credentials
+        .iter()
+        .any(|c| c.access_key_id == DEMO_ACCESS_KEY || c.secret_access_key == DEMO_SECRET_KEY);
+    if demo && !server.listen.ip().is_loopback() {
+        return Err(err(
+            "server.listen",
+            "the demo credential is configured; refusing to listen on a non-loopback \
+             address (replace [[credentials]] first)",
+        ));
+    }
+    Ok(())
+}
+
+/// `[[rules]]`: a bucket, a resource exactly for `shared`, no bucket and
+/// prefix twice.
+pub(super) fn rules(rules: &[RuleConfig]) -> Result<(), ConfigError> {
+    let mut seen = HashSet::new();
+    for (i, r) in rules.iter().enumerate() {
+        let field = |f: &str| format!("rules[{i}].{f}");
+        if r.bucket.is_empty() {
+            return Err(err(&field("bucket"), "must not be empty"));
+        }
+        match (r.mode, &r.resource) {
+            (RuleMode::Shared, None) => {
+                return Err(err(&field("resource"), "required when mode = \"shared\""));
+            }
+            (RuleMode::Shared, Some(name)) if name.is_empty() => {
+                return Err(err(&field("resource"), "must not be empty"));
+            }
+            (RuleMode::PerObject | RuleMode::Unfenced, Some(_)) => {
+                return Err(err(&field("resource"), "only valid with mode = \"shared\""));
+            }
+            _ => {}
+        }
+        if !seen.insert((&r.bucket, &r.prefix)) {
+            return Err(err(
+                &field("prefix"),
+                "duplicate rule for this bucket and prefix",
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The SigV4 primitives: HMAC and the signing key, the canonical forms of
+//! a request's parts, the timestamp format, constant-time comparison. They
+//! hold no policy; `auth.rs` decides what a request must prove with them,
+//! and the chunk signatures (`chunked.rs`) and the load generator
+//! (`bench::load`) sign with them.
+
+use super::error::S3Error;
+use hmac::{Hmac, KeyInit, Mac};
+use http::HeaderMap;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use sha2::{Digest, Sha256};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Characters SigV4 leaves unencoded: `A-Za-z0-9-._~`.
+pub const STRICT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+/// The same, keeping `/` (object key paths).
+pub const PATH: &AsciiSet = &STRICT.remove(b'/');
+
+/// SHA-256 of nothing, as hex: the content hash of an empty body.
+pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(data);
+    mac.finalize().into_bytes().into()
+}
+
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// The SigV4 signing key for `date` (YYYYMMDD), `region` and `service`.
+pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
+    let k = hmac(format!("AWS4{secret}").as_bytes(), date.as_bytes());
+    let k = hmac(&k, region.as_bytes());
+    let k = hmac(&k, service.as_bytes());
+    hmac(&k, b"aws4_request")
+}
+
+/// The string SigV4 signs: the algorithm, the request's timestamp, its
+/// scope (`date/region/service/aws4_request`) and the hash of the canonical
+/// request.
+pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
+    format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        sha256_hex(canonical_request.as_bytes())
+    )
+}
+
+/// Constant-time comparison of two hex signatures.
+pub fn same_signature(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// Parses `YYYYMMDDTHHMMSSZ` into a point in time.
+pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
+    let b = s.as_bytes();
+    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        if !part.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    let (y, m, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
+    let (hh, mm, ss) = (num(9..11)?, num(11..13)?, num(13..15)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+/// The canonical URI: the decoded path re-encoded with SigV4's rules
+/// (S3 does not normalise `.` or `//`).
+pub fn canonical_uri(raw_path: &str) -> String {
+    let decoded = percent_decode_str(raw_path).collect::<Vec<u8>>();
+    let decoded = String::from_utf8_lossy(&decoded);
+    let enc = utf8_percent_encode(&decoded, PATH).to_string();
+    if enc.is_empty() { "/".into() } else { enc }
+}
+
+/// The canonical query string from decoded pairs, skipping `skip`.
+pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String {
+    let mut enc: Vec<(String, String)> = pairs
+        .iter()
+        .filter(|(k, _)| Some(k.as_str()) != skip)
+        .map(|(k, v)| {
+            (
+                utf8_percent_encode(k, STRICT).to_string(),
+                utf8_percent_encode(v, STRICT).to_string(),
+            )
+        })
+        .collect();
+    enc.sort();
+    enc.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+pub fn canonical_header_value(headers: &HeaderMap, name: &str) -> Result<String, S3Error> {
+    let mut values = Vec::new();
+    for v in headers.get_all(name) {
+        let v = std::str::from_utf8(v.as_bytes()).map_err(|_| {
+            S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
+        })?;
+        values.push(v.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    if values.is_empty() {
+        return Err(S3Error::AuthorizationHeaderMalformed(format!(
+            "signed header {name} is missing"
+        )));
+    }
+    Ok(values.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::s3::query::decode_query;
+
+    #[test]
+    fn amz_date_parses() {
+        let t = parse_amz_date("19700102T000001Z").unwrap();
+        assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 86_401);
+        assert!(parse_amz_date("2013-05-24T00:00:00Z").is_none());
+    }
+
+    #[test]
+    fn canonical_forms() {
+        assert_eq!(canonical_uri("/b/a%20b/c~d"), "/b/a%20b/c~d");
+        assert_eq!(canonical_uri("/b/a+b"), "/b/a%2Bb");
+        let q = decode_query(Some("uploads&b=2&a=x%2Fy"));
+        assert_eq!(canonical_query(&q, None), "a=x%2Fy&b=2&uploads=");
+    }
+}
