@@ -1,4 +1,4 @@
-//! Phase 5, the upstream request: which headers the backend gets (token
+//! Phase 7, the upstream request: which headers the backend gets (token
 //! stamped, fencegate's own parameters removed) and the body pipeline for
 //! each payload form (verify, hold back the last frame, re-encode).
 
@@ -14,6 +14,23 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
 use hyper::body::Incoming;
 
+/// Header values fencegate builds: a failure is a request it cannot forward.
+fn header_value(s: &str) -> Result<HeaderValue, S3Error> {
+    HeaderValue::from_str(s).map_err(|e| S3Error::InvalidArgument(e.to_string()))
+}
+
+/// The comma-separated members of every `name` header, trimmed.
+fn list_header(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 impl Proxy {
     /// The request the backend gets: the bucket, key, query and copy source
     /// as fencegate parsed them (never the client's raw forms), the client's
@@ -24,13 +41,26 @@ impl Proxy {
         admitted: &Admitted,
         incoming: Incoming,
     ) -> Result<Outgoing, S3Error> {
+        let out = self.upstream_head(head, admitted)?;
+        let fenced = &admitted.fenced;
+        let resource = fenced.resource.clone().unwrap_or_default();
+        let gated = |frames| {
+            commit_gate(frames, fenced.permit.clone(), move |p| {
+                S3Error::aborted(p, &resource)
+            })
+        };
+        if admitted.verified.payload.is_chunked() {
+            return self.chunked_body(out, &head.headers, &admitted.verified, incoming, gated);
+        }
+        self.plain_body(out, &head.headers, admitted, incoming, gated)
+    }
+
+    /// Everything but the body: what fencegate parsed, the client's other
+    /// headers, and the stamp.
+    fn upstream_head(&self, head: &Parts, admitted: &Admitted) -> Result<Outgoing, S3Error> {
         let Admitted {
-            verified,
-            op,
-            query,
-            fenced,
+            op, query, fenced, ..
         } = admitted;
-        let headers = &head.headers;
         // The token and a presigned URL's signature are fencegate's; the
         // backend gets its own header signature.
         let query: Vec<(String, String)> = query
@@ -38,26 +68,42 @@ impl Proxy {
             .filter(|(k, _)| *k != self.carriers.query && !is_presign_param(k))
             .cloned()
             .collect();
-        let mut out_headers = forwarded_headers(
-            headers,
+        let mut headers = forwarded_headers(
+            &head.headers,
             &[self.carriers.header.as_str(), self.stamp_header.as_str()],
         );
         if let Some(src) = &op.copy_source {
-            out_headers.insert(
-                X_AMZ_COPY_SOURCE,
-                HeaderValue::from_str(&src.to_header())
-                    .map_err(|e| S3Error::Internal(e.to_string()))?,
-            );
+            headers.insert(X_AMZ_COPY_SOURCE, header_value(&src.to_header())?);
         }
         if op.op.stamps_token()
             && let Some(t) = fenced.token
         {
-            out_headers.insert(
-                http::HeaderName::from_bytes(self.stamp_header.as_bytes())
-                    .map_err(|e| S3Error::Internal(e.to_string()))?,
-                HeaderValue::from(t),
-            );
+            let name = http::HeaderName::from_bytes(self.stamp_header.as_bytes())
+                .map_err(|e| S3Error::Internal(e.to_string()))?;
+            headers.insert(name, HeaderValue::from(t));
         }
+        Ok(Outgoing {
+            method: head.method.clone(),
+            bucket: op.bucket.clone(),
+            key: op.key.clone(),
+            query,
+            headers,
+            body: None,
+            content_length: None,
+            payload: UpstreamPayload::Empty,
+        })
+    }
+
+    /// A body sent as is (`UNSIGNED-PAYLOAD` or a hex SHA-256, checked as it
+    /// streams), or no body.
+    fn plain_body(
+        &self,
+        mut out: Outgoing,
+        headers: &HeaderMap,
+        admitted: &Admitted,
+        incoming: Incoming,
+        gated: impl FnOnce(chunked::FrameStream) -> chunked::FrameStream,
+    ) -> Result<Outgoing, S3Error> {
         let content_length = match headers.get(http::header::CONTENT_LENGTH) {
             Some(v) => Some(
                 v.to_str()
@@ -69,38 +115,18 @@ impl Proxy {
         };
         let has_body = content_length.is_some_and(|n| n > 0)
             || headers.contains_key(http::header::TRANSFER_ENCODING);
-        let resource = fenced.resource.clone().unwrap_or_default();
-        let gated = |frames| {
-            let resource = resource.clone();
-            commit_gate(frames, fenced.permit.clone(), move |p| {
-                S3Error::aborted(p, &resource)
-            })
-        };
-
-        let mut out = Outgoing {
-            method: head.method.clone(),
-            bucket: op.bucket.clone(),
-            key: op.key.clone(),
-            query,
-            headers: out_headers,
-            body: None,
-            content_length: None,
-            payload: UpstreamPayload::Empty,
-        };
-
-        if verified.payload.is_chunked() {
-            return self.chunked_body(out, headers, verified, incoming, gated);
-        }
+        let payload = &admitted.verified.payload;
         if !has_body {
-            if let Payload::Sha256(h) = &verified.payload
+            if let Payload::Sha256(h) = payload
                 && h[..] != <sha2::Sha256 as sha2::Digest>::digest(b"")[..]
             {
                 return Err(S3Error::ContentSha256Mismatch);
             }
-            if let Some(p) = &fenced.permit
+            if let Some(p) = &admitted.fenced.permit
                 && !p.body_complete()
             {
-                return Err(S3Error::aborted(p, &resource));
+                let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
+                return Err(S3Error::aborted(p, resource));
             }
             if content_length == Some(0) {
                 out.content_length = Some(0);
@@ -110,7 +136,7 @@ impl Proxy {
         let Some(len) = content_length else {
             return Err(S3Error::MissingContentLength);
         };
-        let frames = match &verified.payload {
+        let frames = match payload {
             Payload::Sha256(h) => {
                 out.payload = UpstreamPayload::Sha256Hex(hex::encode(h));
                 body::sha256_checked(body::incoming(incoming, self.body_idle), *h)
@@ -148,54 +174,34 @@ impl Proxy {
             verified.payload,
             Payload::StreamingSigned { trailer: true } | Payload::StreamingUnsignedTrailer
         );
-        let trailers: Vec<String> = if has_trailer {
-            headers
-                .get_all(X_AMZ_TRAILER)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .map(|s| s.trim().to_ascii_lowercase())
-                .filter(|s| !s.is_empty())
-                .collect()
-        } else {
-            Vec::new()
+        let trailers: Vec<String> = match has_trailer {
+            true => list_header(headers, X_AMZ_TRAILER)
+                .into_iter()
+                .map(|s| s.to_ascii_lowercase())
+                .collect(),
+            false => Vec::new(),
         };
-        let mut lines = Vec::new();
-        for t in &trailers {
-            let len = body::checksum_value_len(t)
-                .ok_or_else(|| S3Error::InvalidRequest(format!("unsupported trailer {t:?}")))?;
-            lines.push((t.clone(), len));
-        }
         let signing = match verified.payload {
             Payload::StreamingSigned { .. } => Some(verified.signing.clone()),
             _ => None,
         };
-        let decoded = chunked::decode(
-            body::incoming(incoming, self.body_idle),
-            ChunkedSpec {
-                signing,
-                trailers: trailers.clone(),
-                has_trailer,
-                decoded_len,
-            },
-        );
+        let spec = ChunkedSpec {
+            signing,
+            trailers: trailers.clone(),
+            has_trailer,
+            decoded_len,
+        };
+        let decoded = chunked::decode(body::incoming(incoming, self.body_idle), spec);
         let frames = gated(decoded);
         // Content-Encoding without its aws-chunked member.
-        let encodings: Vec<String> = headers
-            .get_all(http::header::CONTENT_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case("aws-chunked"))
-            .collect();
+        let mut encodings = list_header(headers, http::header::CONTENT_ENCODING);
+        encodings.retain(|s| !s.eq_ignore_ascii_case("aws-chunked"));
         out.headers.remove(http::header::CONTENT_ENCODING);
-        if lines.is_empty() {
+        if trailers.is_empty() {
             if !encodings.is_empty() {
                 out.headers.insert(
                     http::header::CONTENT_ENCODING,
-                    HeaderValue::from_str(&encodings.join(","))
-                        .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
+                    header_value(&encodings.join(","))?,
                 );
             }
             out.payload = UpstreamPayload::Unsigned;
@@ -203,30 +209,44 @@ impl Proxy {
             out.body = Some(Box::pin(body::data_only(frames)));
             return Ok(out);
         }
-        let mut enc = vec!["aws-chunked".to_string()];
-        enc.extend(encodings);
-        out.headers.insert(
-            http::header::CONTENT_ENCODING,
-            HeaderValue::from_str(&enc.join(","))
-                .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
-        );
-        out.headers
-            .insert(X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_len));
-        out.headers.insert(
-            X_AMZ_TRAILER,
-            HeaderValue::from_str(&trailers.join(","))
-                .map_err(|e| S3Error::InvalidArgument(e.to_string()))?,
-        );
-        out.payload = UpstreamPayload::StreamingUnsignedTrailer;
-        out.content_length = Some(body::chunked_encoded_len(
-            decoded_len,
-            UPSTREAM_CHUNK as u64,
-            &lines,
-        ));
-        let encoded = body::chunked_encode(frames, UPSTREAM_CHUNK);
-        out.body = Some(Box::pin(futures_util::StreamExt::map(encoded, |r| {
-            r.map(http_body::Frame::data)
-        })));
-        Ok(out)
+        rechunk_with_trailers(out, frames, encodings, trailers, decoded_len)
     }
+}
+
+/// The decoded body re-encoded as unsigned aws-chunked, so that its checksum
+/// trailers reach the backend.
+fn rechunk_with_trailers(
+    mut out: Outgoing,
+    frames: chunked::FrameStream,
+    encodings: Vec<String>,
+    trailers: Vec<String>,
+    decoded_len: u64,
+) -> Result<Outgoing, S3Error> {
+    let mut lines = Vec::new();
+    for t in &trailers {
+        let len = body::checksum_value_len(t)
+            .ok_or_else(|| S3Error::InvalidRequest(format!("unsupported trailer {t:?}")))?;
+        lines.push((t.clone(), len));
+    }
+    let mut enc = vec!["aws-chunked".to_string()];
+    enc.extend(encodings);
+    out.headers.insert(
+        http::header::CONTENT_ENCODING,
+        header_value(&enc.join(","))?,
+    );
+    out.headers
+        .insert(X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_len));
+    out.headers
+        .insert(X_AMZ_TRAILER, header_value(&trailers.join(","))?);
+    out.payload = UpstreamPayload::StreamingUnsignedTrailer;
+    out.content_length = Some(body::chunked_encoded_len(
+        decoded_len,
+        UPSTREAM_CHUNK as u64,
+        &lines,
+    ));
+    let encoded = body::chunked_encode(frames, UPSTREAM_CHUNK);
+    out.body = Some(Box::pin(futures_util::StreamExt::map(encoded, |r| {
+        r.map(http_body::Frame::data)
+    })));
+    Ok(out)
 }
