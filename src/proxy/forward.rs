@@ -131,3 +131,61 @@ fn settle(permits: Vec<Arc<Permit>>, lost: Option<&str>, quarantine: Duration) -
     });
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fence::gate::tests::gate;
+    use crate::fence::gate::{Kind, Refusal};
+
+    /// A write whose answer was lost after its whole body went upstream keeps
+    /// its resource closed for the quarantine, and not a moment longer.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_answer_holds_the_resource_for_the_quarantine() {
+        let g = gate(Duration::from_millis(100));
+        let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
+        assert!(old.body_complete());
+        assert!(settle(
+            vec![Arc::new(old)],
+            Some("timed out"),
+            Duration::from_secs(30)
+        ));
+        assert!(matches!(
+            g.admit("r", 34, Kind::Write).await,
+            Err(Refusal::Busy)
+        ));
+        // 29 s after the loss: still closed.
+        tokio::time::sleep(Duration::from_millis(28_800)).await;
+        assert!(matches!(
+            g.admit("r", 34, Kind::Write).await,
+            Err(Refusal::Busy)
+        ));
+        // 30.5 s after the loss the quarantine is over.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let admitted = tokio::time::Instant::now();
+        assert!(g.admit("r", 34, Kind::Write).await.unwrap().is_some());
+        assert_eq!(admitted.elapsed(), Duration::ZERO);
+    }
+
+    /// Without a complete body (or with an answer) nothing is held.
+    #[tokio::test(start_paused = true)]
+    async fn an_incomplete_body_or_an_answer_releases_at_once() {
+        let g = gate(Duration::from_secs(1));
+        let streaming = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
+        assert!(!settle(
+            vec![Arc::new(streaming)],
+            Some("reset"),
+            Duration::from_secs(30)
+        ));
+        let answered = g.admit("r", 34, Kind::Write).await.unwrap().unwrap();
+        assert!(answered.body_complete());
+        assert!(!settle(
+            vec![Arc::new(answered)],
+            None,
+            Duration::from_secs(30)
+        ));
+        let waiting = tokio::time::Instant::now();
+        assert!(g.admit("r", 35, Kind::Write).await.unwrap().is_some());
+        assert_eq!(waiting.elapsed(), Duration::ZERO);
+    }
+}
