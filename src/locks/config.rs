@@ -14,6 +14,8 @@ pub struct LocksConfig {
     pub zookeeper: Option<String>,
     /// Session timeout fencegate asks ZooKeeper for.
     pub zookeeper_session_timeout_ms: u64,
+    /// Redis URL, e.g. `"redis://127.0.0.1:6379/0"`.
+    pub redis: Option<String>,
 }
 
 impl Default for LocksConfig {
@@ -22,6 +24,7 @@ impl Default for LocksConfig {
             etcd_endpoints: Vec::new(),
             zookeeper: None,
             zookeeper_session_timeout_ms: 10_000,
+            redis: None,
         }
     }
 }
@@ -43,6 +46,9 @@ pub struct EagerConfig {
     pub etcd_lock: Option<String>,
     /// The ZooKeeper lock directory (`fencegate lock --zookeeper .. PATH`).
     pub zookeeper_lock: Option<String>,
+    /// The Redis lock key (`fencegate lock --redis .. NAME`).
+    #[serde(default)]
+    pub redis_lock: Option<String>,
 }
 
 /// The lock an eager entry follows.
@@ -50,10 +56,14 @@ pub struct EagerConfig {
 pub enum LockRef {
     Etcd(String),
     ZooKeeper(String),
+    Redis(String),
 }
 
 impl EagerConfig {
     pub fn lock(&self) -> LockRef {
+        if let Some(k) = &self.redis_lock {
+            return LockRef::Redis(k.clone());
+        }
         match (&self.etcd_lock, &self.zookeeper_lock) {
             (Some(n), _) => LockRef::Etcd(n.clone()),
             (None, Some(p)) => LockRef::ZooKeeper(p.clone()),
@@ -80,10 +90,33 @@ pub fn validate(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<(), Config
             "must be at least 100",
         ));
     }
+    if let Some(url) = &locks.redis
+        && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+    {
+        return Err(err("locks.redis", format!("{url:?} is not a redis:// URL")));
+    }
     for (i, e) in eager.iter().enumerate() {
         let field = |f: &str| format!("eager[{i}].{f}");
         if e.resource.is_empty() {
             return Err(err(&field("resource"), "must not be empty"));
+        }
+        if let Some(key) = &e.redis_lock {
+            if e.etcd_lock.is_some() || e.zookeeper_lock.is_some() {
+                return Err(err(
+                    &field("redis_lock"),
+                    "give exactly one of etcd_lock, zookeeper_lock and redis_lock",
+                ));
+            }
+            if key.is_empty() {
+                return Err(err(&field("redis_lock"), "must not be empty"));
+            }
+            if locks.redis.is_none() {
+                return Err(err(
+                    "locks.redis",
+                    format!("needed by {}", field("redis_lock")),
+                ));
+            }
+            continue;
         }
         match (&e.etcd_lock, &e.zookeeper_lock) {
             (Some(_), Some(_)) | (None, None) => {
@@ -155,5 +188,20 @@ mod tests {
         assert!(bad_url.unwrap_err().contains("locks.etcd_endpoints[0]"));
         let typo = check("[[eager]]\nresource = \"r\"\netcd_lok = \"r\"\n");
         assert!(typo.unwrap_err().contains("etcd_lok"));
+        let redis = "[locks]\nredis = \"redis://127.0.0.1:6379\"\n";
+        assert!(
+            check(&format!(
+                "{redis}[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\n"
+            ))
+            .is_ok()
+        );
+        let two = check(&format!(
+            "{redis}[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\netcd_lock = \"r\"\n"
+        ));
+        assert!(two.unwrap_err().contains("eager[0].redis_lock"));
+        let no_redis = check("[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\n");
+        assert!(no_redis.unwrap_err().contains("locks.redis"));
+        let bad_redis = check("[locks]\nredis = \"127.0.0.1:6379\"\n");
+        assert!(bad_redis.unwrap_err().contains("locks.redis"));
     }
 }

@@ -31,6 +31,13 @@ pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
                     super::etcd::watch_holder(endpoints, name, move |s| f.seen(s)).await
                 });
             }
+            LockRef::Redis(key) => {
+                let url = locks.redis.clone().unwrap_or_default();
+                tokio::spawn(async move {
+                    let f = fencer.clone();
+                    super::redis::watch_holder(url, key, move |s| f.seen(s)).await
+                });
+            }
             LockRef::ZooKeeper(path) => {
                 let servers = locks.zookeeper.clone().unwrap_or_default();
                 let session = locks.zookeeper_session_timeout();

@@ -1,9 +1,11 @@
-//! Lock services: etcd and ZooKeeper, the two sources of fencing tokens that
-//! fencegate knows by name (CONTRACT §7).
+//! Lock services: etcd, ZooKeeper and Redis, the sources of fencing tokens
+//! that fencegate knows by name (CONTRACT §7).
 //!
 //! - [`etcd`] and [`zookeeper`] take a lock (for `fencegate lock`) and watch
 //!   one (for eager fencing), each in the recipe its own tools use: etcd's
 //!   lock service (`etcdctl lock`), Curator's mutex for ZooKeeper.
+//! - [`redis`]: the ordinary Redis lock (`SET NX PX`) with a token counter
+//!   raised in the same script, watched through keyspace notifications.
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
@@ -13,6 +15,7 @@ pub mod config;
 pub mod eager;
 pub mod etcd;
 pub mod helper;
+pub mod redis;
 pub mod zookeeper;
 
 use std::time::Duration;
@@ -32,6 +35,7 @@ pub enum LockError {
 pub enum Held {
     Etcd(Box<etcd::EtcdLock>),
     ZooKeeper(zookeeper::ZkLock),
+    Redis(Box<redis::RedisLock>),
 }
 
 impl Held {
@@ -40,6 +44,7 @@ impl Held {
         match self {
             Held::Etcd(l) => l.token,
             Held::ZooKeeper(l) => l.token,
+            Held::Redis(l) => l.token,
         }
     }
 
@@ -48,6 +53,7 @@ impl Held {
         match self {
             Held::Etcd(l) => &l.key,
             Held::ZooKeeper(l) => &l.node,
+            Held::Redis(l) => &l.key,
         }
     }
 
@@ -56,6 +62,7 @@ impl Held {
         match self {
             Held::Etcd(l) => l.lost().await,
             Held::ZooKeeper(l) => l.lost().await,
+            Held::Redis(l) => l.lost().await,
         }
     }
 
@@ -65,6 +72,7 @@ impl Held {
         match self {
             Held::Etcd(l) => l.release().await,
             Held::ZooKeeper(l) => l.release().await,
+            Held::Redis(l) => l.release().await,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod garage;
 pub mod lock_holder;
 pub mod moto;
 pub mod raw;
+pub mod redis;
 pub mod zookeeper;
 
 /// A free loopback port (bound, read, released) for a service a test starts.
