@@ -8,6 +8,7 @@ mod common;
 
 use common::fencegate::{Backend, Fencegate};
 use common::lock_holder::{Holder, run_lock_at};
+use common::postgres::Postgres;
 use common::redis::Redis;
 use common::{ensure_bucket, http_call, put_with_token, sdk};
 use std::process::Output;
@@ -19,12 +20,14 @@ const RULE: &str = "[[rules]]\nbucket = \"demo\"\nprefix = \"orders/\"\nmode = \
 /// A lock server a test started.
 enum Server {
     Redis(Redis),
+    Postgres(Postgres),
 }
 
 impl Server {
     fn args(&self) -> Vec<String> {
         match self {
             Server::Redis(r) => vec!["--redis".into(), r.url.clone()],
+            Server::Postgres(p) => vec!["--postgres".into(), p.url.clone()],
         }
     }
 
@@ -34,18 +37,24 @@ impl Server {
                 "[locks]\nredis = \"{}\"\n\n[[eager]]\nresource = \"orders\"\nredis_lock = \"orders\"\n",
                 r.url
             ),
+            Server::Postgres(p) => format!(
+                "[locks]\npostgres = \"{}\"\npostgres_poll_ms = 100\n\n[[eager]]\nresource = \"orders\"\npostgres_lock = \"orders\"\n",
+                p.url
+            ),
         }
     }
 
     fn stop(&mut self) {
         match self {
             Server::Redis(r) => r.stop(),
+            Server::Postgres(p) => p.stop(),
         }
     }
 
     fn restart(&mut self) {
         match self {
             Server::Redis(r) => r.restart(),
+            Server::Postgres(p) => p.restart(),
         }
     }
 
@@ -53,6 +62,14 @@ impl Server {
     fn lock_free(&self) -> bool {
         match self {
             Server::Redis(r) => r.cli(&["EXISTS", "orders"]).trim() == "0",
+            Server::Postgres(p) => {
+                p.psql(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND objid::bigint = (hashtext('orders')::bigint & 4294967295)",
+                )
+                .trim()
+                    == "0"
+            }
         }
     }
 
@@ -165,6 +182,13 @@ macro_rules! on_servers {
                 super::$name(&mut s).await;
             })*
         }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                let mut s = super::Server::Postgres(super::Postgres::start());
+                super::$name(&mut s).await;
+            })*
+        }
     };
 }
 
@@ -231,9 +255,9 @@ async fn without_eager_fencing_the_expired_holder_writes_until_someone_else_does
 }
 
 async fn tokens_rise_across_holders_and_a_server_restart(server: &mut Server) {
-    let before = vec![server.token(), server.token()];
+    let before = [server.token(), server.token()];
     server.restart();
-    let after = vec![server.token(), server.token()];
+    let after = [server.token(), server.token()];
     let all: Vec<u64> = before.iter().chain(&after).copied().collect();
     assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
     // The command's exit status comes back.

@@ -38,6 +38,16 @@ pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
                     super::redis::watch_holder(url, key, move |s| f.seen(s)).await
                 });
             }
+            LockRef::Postgres(name) => {
+                let url = locks.postgres.clone().unwrap_or_default();
+                let sequence = locks.postgres_sequence.clone();
+                let every = locks.postgres_poll();
+                tokio::spawn(async move {
+                    let f = fencer.clone();
+                    super::postgres::watch_holder(url, name, sequence, every, move |s| f.seen(s))
+                        .await
+                });
+            }
             LockRef::ZooKeeper(path) => {
                 let servers = locks.zookeeper.clone().unwrap_or_default();
                 let session = locks.zookeeper_session_timeout();

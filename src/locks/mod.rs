@@ -1,4 +1,4 @@
-//! Lock services: etcd, ZooKeeper and Redis, the sources of fencing tokens
+//! Lock services: etcd, ZooKeeper, Redis and PostgreSQL, the sources of fencing tokens
 //! that fencegate knows by name (CONTRACT §7).
 //!
 //! - [`etcd`] and [`zookeeper`] take a lock (for `fencegate lock`) and watch
@@ -6,6 +6,8 @@
 //!   lock service (`etcdctl lock`), Curator's mutex for ZooKeeper.
 //! - [`redis`]: the ordinary Redis lock (`SET NX PX`) with a token counter
 //!   raised in the same script, watched through keyspace notifications.
+//! - [`postgres`]: a session advisory lock with a token from a sequence,
+//!   watched by polling `pg_locks`.
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
@@ -15,6 +17,7 @@ pub mod config;
 pub mod eager;
 pub mod etcd;
 pub mod helper;
+pub mod postgres;
 pub mod redis;
 pub mod zookeeper;
 
@@ -36,6 +39,7 @@ pub enum Held {
     Etcd(Box<etcd::EtcdLock>),
     ZooKeeper(zookeeper::ZkLock),
     Redis(Box<redis::RedisLock>),
+    Postgres(Box<postgres::PgLock>),
 }
 
 impl Held {
@@ -45,6 +49,7 @@ impl Held {
             Held::Etcd(l) => l.token,
             Held::ZooKeeper(l) => l.token,
             Held::Redis(l) => l.token,
+            Held::Postgres(l) => l.token,
         }
     }
 
@@ -54,6 +59,7 @@ impl Held {
             Held::Etcd(l) => &l.key,
             Held::ZooKeeper(l) => &l.node,
             Held::Redis(l) => &l.key,
+            Held::Postgres(l) => &l.key,
         }
     }
 
@@ -63,6 +69,7 @@ impl Held {
             Held::Etcd(l) => l.lost().await,
             Held::ZooKeeper(l) => l.lost().await,
             Held::Redis(l) => l.lost().await,
+            Held::Postgres(l) => l.lost().await,
         }
     }
 
@@ -73,6 +80,7 @@ impl Held {
             Held::Etcd(l) => l.release().await,
             Held::ZooKeeper(l) => l.release().await,
             Held::Redis(l) => l.release().await,
+            Held::Postgres(l) => l.release().await,
         }
     }
 }

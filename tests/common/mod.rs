@@ -8,6 +8,7 @@ pub mod fencegate;
 pub mod garage;
 pub mod lock_holder;
 pub mod moto;
+pub mod postgres;
 pub mod raw;
 pub mod redis;
 pub mod zookeeper;
