@@ -27,7 +27,7 @@ pub enum Command {
     Serve(ServeArgs),
     /// Inspect or raise fences through the admin API.
     Fences(FencesArgs),
-    /// Hold a lock from etcd or ZooKeeper while a command runs, with the
+    /// Hold a lock from etcd, ZooKeeper, Redis or PostgreSQL while a command runs, with the
     /// lock's fencing token in FENCING_TOKEN (and its key in FENCING_LOCK_KEY).
     /// Exits with the command's status, 69 if the lock could not be taken,
     /// 75 if it was lost while the command ran (the command is then stopped).
@@ -44,16 +44,27 @@ pub struct LockArgs {
         long,
         env = "FENCEGATE_ETCD",
         value_delimiter = ',',
-        required_unless_present = "zookeeper",
-        conflicts_with = "zookeeper"
+        required_unless_present_any = ["zookeeper", "redis", "postgres"],
+        conflicts_with_all = ["zookeeper", "redis", "postgres"]
     )]
     pub etcd: Vec<String>,
     /// ZooKeeper connect string, host:port[,host:port...] (Curator's mutex
     /// recipe under the directory NAME).
-    #[arg(long, env = "FENCEGATE_ZOOKEEPER")]
+    #[arg(long, env = "FENCEGATE_ZOOKEEPER", conflicts_with_all = ["redis", "postgres"])]
     pub zookeeper: Option<String>,
-    /// etcd lease TTL, or ZooKeeper session timeout, in seconds. The lease
-    /// is renewed every TTL/3; without an acknowledged renewal for a whole
+    /// Redis URL, redis://host:port[/db] (the lock is the key NAME, set with
+    /// SET NX PX; the token counter is redisson_lock_token:{NAME}).
+    #[arg(long, env = "FENCEGATE_REDIS", conflicts_with = "postgres")]
+    pub redis: Option<String>,
+    /// PostgreSQL URL, postgres://user@host:port/db (the lock is
+    /// pg_advisory_lock(hashtext(NAME)); the token is nextval of --sequence).
+    #[arg(long, env = "FENCEGATE_POSTGRES")]
+    pub postgres: Option<String>,
+    /// The PostgreSQL sequence tokens come from (created if missing).
+    #[arg(long, default_value = "fencegate_tokens")]
+    pub sequence: String,
+    /// etcd lease TTL, ZooKeeper session timeout, Redis key TTL, or
+    /// PostgreSQL idle_session_timeout (pinged every TTL/3), in seconds. The lease or key is renewed every TTL/3; without an acknowledged renewal for a whole
     /// TTL the lock counts as lost.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub ttl: u64,
@@ -63,7 +74,8 @@ pub struct LockArgs {
     /// Seconds between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, default_value_t = 5)]
     pub kill_grace: u64,
-    /// Lock name (etcd) or lock directory such as /locks/orders (ZooKeeper).
+    /// Lock name (etcd), lock directory such as /locks/orders (ZooKeeper), or
+    /// lock key (Redis), or lock name (PostgreSQL).
     pub name: String,
     /// The command to run under the lock, after `--`.
     #[arg(last = true, required = true)]

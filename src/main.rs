@@ -96,6 +96,9 @@ fn lock(a: LockArgs) -> ExitCode {
     let spec = LockSpec {
         etcd: a.etcd,
         zookeeper: a.zookeeper,
+        redis: a.redis,
+        postgres: a.postgres,
+        postgres_sequence: a.sequence,
         name: a.name,
         ttl: Duration::from_secs(a.ttl),
         timeout: a.timeout.map(Duration::from_secs_f64),

@@ -15,6 +15,14 @@ pub struct LocksConfig {
     pub zookeeper: Option<String>,
     /// Session timeout fencegate asks ZooKeeper for.
     pub zookeeper_session_timeout_ms: u64,
+    /// Redis URL, e.g. `"redis://127.0.0.1:6379/0"`.
+    pub redis: Option<String>,
+    /// PostgreSQL URL, e.g. `"postgres://fencegate@127.0.0.1:5432/app"`.
+    pub postgres: Option<String>,
+    /// The sequence PostgreSQL tokens come from.
+    pub postgres_sequence: String,
+    /// How often eager fencing polls `pg_locks`.
+    pub postgres_poll_ms: u64,
 }
 
 impl Default for LocksConfig {
@@ -23,11 +31,19 @@ impl Default for LocksConfig {
             etcd_endpoints: Vec::new(),
             zookeeper: None,
             zookeeper_session_timeout_ms: 10_000,
+            redis: None,
+            postgres: None,
+            postgres_sequence: "fencegate_tokens".into(),
+            postgres_poll_ms: 1000,
         }
     }
 }
 
 impl LocksConfig {
+    pub fn postgres_poll(&self) -> Duration {
+        Duration::from_millis(self.postgres_poll_ms)
+    }
+
     pub fn zookeeper_session_timeout(&self) -> Duration {
         Duration::from_millis(self.zookeeper_session_timeout_ms)
     }
@@ -44,6 +60,12 @@ pub struct EagerConfig {
     pub etcd_lock: Option<String>,
     /// The ZooKeeper lock directory (`fencegate lock --zookeeper .. PATH`).
     pub zookeeper_lock: Option<String>,
+    /// The Redis lock key (`fencegate lock --redis .. NAME`).
+    #[serde(default)]
+    pub redis_lock: Option<String>,
+    /// The PostgreSQL lock name (`fencegate lock --postgres .. NAME`).
+    #[serde(default)]
+    pub postgres_lock: Option<String>,
 }
 
 /// The lock an eager entry follows.
@@ -51,10 +73,18 @@ pub struct EagerConfig {
 pub enum LockRef {
     Etcd(String),
     ZooKeeper(String),
+    Redis(String),
+    Postgres(String),
 }
 
 impl EagerConfig {
     pub fn lock(&self) -> LockRef {
+        if let Some(k) = &self.redis_lock {
+            return LockRef::Redis(k.clone());
+        }
+        if let Some(n) = &self.postgres_lock {
+            return LockRef::Postgres(n.clone());
+        }
         match (&self.etcd_lock, &self.zookeeper_lock) {
             (Some(n), _) => LockRef::Etcd(n.clone()),
             (None, Some(p)) => LockRef::ZooKeeper(p.clone()),
@@ -81,10 +111,78 @@ pub fn validate(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<(), Config
             "must be at least 100",
         ));
     }
+    if let Some(url) = &locks.redis
+        && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+    {
+        return Err(err("locks.redis", format!("{url:?} is not a redis:// URL")));
+    }
+    if let Some(url) = &locks.postgres
+        && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    {
+        return Err(err(
+            "locks.postgres",
+            format!("{url:?} is not a postgres:// URL"),
+        ));
+    }
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.split('.').count() <= 2
+            && s.split('.').all(|p| {
+                p.chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+    };
+    if !ident(&locks.postgres_sequence) {
+        return Err(err(
+            "locks.postgres_sequence",
+            "must be a plain SQL name, optionally schema-qualified",
+        ));
+    }
+    if locks.postgres_poll_ms < 50 {
+        return Err(err("locks.postgres_poll_ms", "must be at least 50"));
+    }
     for (i, e) in eager.iter().enumerate() {
         let field = |f: &str| format!("eager[{i}].{f}");
         if e.resource.is_empty() {
             return Err(err(&field("resource"), "must not be empty"));
+        }
+        if let Some(name) = &e.postgres_lock {
+            if e.etcd_lock.is_some() || e.zookeeper_lock.is_some() || e.redis_lock.is_some() {
+                return Err(err(
+                    &field("postgres_lock"),
+                    "give exactly one of etcd_lock, zookeeper_lock, redis_lock and postgres_lock",
+                ));
+            }
+            if name.is_empty() {
+                return Err(err(&field("postgres_lock"), "must not be empty"));
+            }
+            if locks.postgres.is_none() {
+                return Err(err(
+                    "locks.postgres",
+                    format!("needed by {}", field("postgres_lock")),
+                ));
+            }
+            continue;
+        }
+        if let Some(key) = &e.redis_lock {
+            if e.etcd_lock.is_some() || e.zookeeper_lock.is_some() {
+                return Err(err(
+                    &field("redis_lock"),
+                    "give exactly one of etcd_lock, zookeeper_lock, redis_lock and postgres_lock",
+                ));
+            }
+            if key.is_empty() {
+                return Err(err(&field("redis_lock"), "must not be empty"));
+            }
+            if locks.redis.is_none() {
+                return Err(err(
+                    "locks.redis",
+                    format!("needed by {}", field("redis_lock")),
+                ));
+            }
+            continue;
         }
         match (&e.etcd_lock, &e.zookeeper_lock) {
             (Some(_), Some(_)) | (None, None) => {
@@ -156,5 +254,31 @@ mod tests {
         assert!(bad_url.unwrap_err().contains("locks.etcd_endpoints[0]"));
         let typo = check("[[eager]]\nresource = \"r\"\netcd_lok = \"r\"\n");
         assert!(typo.unwrap_err().contains("etcd_lok"));
+        let redis = "[locks]\nredis = \"redis://127.0.0.1:6379\"\n";
+        assert!(
+            check(&format!(
+                "{redis}[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\n"
+            ))
+            .is_ok()
+        );
+        let two = check(&format!(
+            "{redis}[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\netcd_lock = \"r\"\n"
+        ));
+        assert!(two.unwrap_err().contains("eager[0].redis_lock"));
+        let no_redis = check("[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\n");
+        assert!(no_redis.unwrap_err().contains("locks.redis"));
+        let bad_redis = check("[locks]\nredis = \"127.0.0.1:6379\"\n");
+        assert!(bad_redis.unwrap_err().contains("locks.redis"));
+        let pg = "[locks]\npostgres = \"postgres://u@h/db\"\n";
+        assert!(
+            check(&format!(
+                "{pg}[[eager]]\nresource = \"r\"\npostgres_lock = \"r\"\n"
+            ))
+            .is_ok()
+        );
+        let no_pg = check("[[eager]]\nresource = \"r\"\npostgres_lock = \"r\"\n");
+        assert!(no_pg.unwrap_err().contains("locks.postgres"));
+        let bad_seq = check("[locks]\npostgres_sequence = \"a;drop\"\n");
+        assert!(bad_seq.unwrap_err().contains("locks.postgres_sequence"));
     }
 }

@@ -31,6 +31,23 @@ pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
                     super::etcd::watch_holder(endpoints, name, move |s| f.seen(s)).await
                 });
             }
+            LockRef::Redis(key) => {
+                let url = locks.redis.clone().unwrap_or_default();
+                tokio::spawn(async move {
+                    let f = fencer.clone();
+                    super::redis::watch_holder(url, key, move |s| f.seen(s)).await
+                });
+            }
+            LockRef::Postgres(name) => {
+                let url = locks.postgres.clone().unwrap_or_default();
+                let sequence = locks.postgres_sequence.clone();
+                let every = locks.postgres_poll();
+                tokio::spawn(async move {
+                    let f = fencer.clone();
+                    super::postgres::watch_holder(url, name, sequence, every, move |s| f.seen(s))
+                        .await
+                });
+            }
             LockRef::ZooKeeper(path) => {
                 let servers = locks.zookeeper.clone().unwrap_or_default();
                 let session = locks.zookeeper_session_timeout();

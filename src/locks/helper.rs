@@ -1,4 +1,4 @@
-//! `fencegate lock`: take a lock from etcd or ZooKeeper, run a command with
+//! `fencegate lock`: take a lock from etcd, ZooKeeper, Redis or PostgreSQL, run a command with
 //! its token in `FENCING_TOKEN`, release the lock when the command exits,
 //! and stop the command if the lock is lost first.
 //!
@@ -7,7 +7,7 @@
 //! `--timeout`); [`EXIT_LOST`] when the lock was lost while the command ran
 //! (the command was then sent SIGTERM, and SIGKILL after `--kill-grace`).
 
-use super::{Held, LockError, etcd, zookeeper};
+use super::{Held, LockError, etcd, postgres, redis, zookeeper};
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
@@ -21,6 +21,10 @@ pub const EXIT_LOST: i32 = 75;
 pub struct LockSpec {
     pub etcd: Vec<String>,
     pub zookeeper: Option<String>,
+    pub redis: Option<String>,
+    pub postgres: Option<String>,
+    /// The PostgreSQL sequence tokens come from.
+    pub postgres_sequence: String,
     pub name: String,
     pub ttl: Duration,
     pub timeout: Option<Duration>,
@@ -28,6 +32,22 @@ pub struct LockSpec {
 }
 
 async fn take(spec: &LockSpec) -> Result<Held, LockError> {
+    if let Some(url) = &spec.postgres {
+        return postgres::acquire(
+            url,
+            &spec.name,
+            &spec.postgres_sequence,
+            spec.ttl,
+            spec.timeout,
+        )
+        .await
+        .map(|l| Held::Postgres(Box::new(l)));
+    }
+    if let Some(url) = &spec.redis {
+        return redis::acquire(url, &spec.name, spec.ttl, spec.timeout)
+            .await
+            .map(|l| Held::Redis(Box::new(l)));
+    }
     match &spec.zookeeper {
         Some(servers) => zookeeper::acquire(servers, &spec.name, spec.ttl, spec.timeout)
             .await

@@ -1,9 +1,13 @@
-//! Lock services: etcd and ZooKeeper, the two sources of fencing tokens that
-//! fencegate knows by name (CONTRACT §7).
+//! Lock services: etcd, ZooKeeper, Redis and PostgreSQL, the sources of fencing tokens
+//! that fencegate knows by name (CONTRACT §7).
 //!
 //! - [`etcd`] and [`zookeeper`] take a lock (for `fencegate lock`) and watch
 //!   one (for eager fencing), each in the recipe its own tools use: etcd's
 //!   lock service (`etcdctl lock`), Curator's mutex for ZooKeeper.
+//! - [`redis`]: the ordinary Redis lock (`SET NX PX`) with a token counter
+//!   raised in the same script, watched through keyspace notifications.
+//! - [`postgres`]: a session advisory lock with a token from a sequence,
+//!   watched by polling `pg_locks`.
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
@@ -14,6 +18,8 @@
 pub mod eager;
 pub mod etcd;
 pub mod helper;
+pub mod postgres;
+pub mod redis;
 pub mod zookeeper;
 
 use std::time::Duration;
@@ -45,6 +51,8 @@ pub enum LockError {
 pub enum Held {
     Etcd(Box<etcd::EtcdLock>),
     ZooKeeper(zookeeper::ZkLock),
+    Redis(Box<redis::RedisLock>),
+    Postgres(Box<postgres::PgLock>),
 }
 
 impl Held {
@@ -53,6 +61,8 @@ impl Held {
         match self {
             Held::Etcd(l) => l.token,
             Held::ZooKeeper(l) => l.token,
+            Held::Redis(l) => l.token,
+            Held::Postgres(l) => l.token,
         }
     }
 
@@ -61,6 +71,8 @@ impl Held {
         match self {
             Held::Etcd(l) => &l.key,
             Held::ZooKeeper(l) => &l.node,
+            Held::Redis(l) => &l.key,
+            Held::Postgres(l) => &l.key,
         }
     }
 
@@ -69,6 +81,8 @@ impl Held {
         match self {
             Held::Etcd(l) => l.lost().await,
             Held::ZooKeeper(l) => l.lost().await,
+            Held::Redis(l) => l.lost().await,
+            Held::Postgres(l) => l.lost().await,
         }
     }
 
@@ -78,6 +92,8 @@ impl Held {
         match self {
             Held::Etcd(l) => l.release().await,
             Held::ZooKeeper(l) => l.release().await,
+            Held::Redis(l) => l.release().await,
+            Held::Postgres(l) => l.release().await,
         }
     }
 }

@@ -83,11 +83,16 @@ impl Service {
 
 /// `fencegate lock ARGS -- CMD...`, run to completion.
 pub fn run_lock(svc: &Service, extra: &[&str], cmd: &[&str]) -> Output {
+    run_lock_at(&svc.args(), svc.lock_name(), extra, cmd)
+}
+
+/// `fencegate lock SERVICE_ARGS EXTRA NAME -- CMD...`, run to completion.
+pub fn run_lock_at(service: &[String], name: &str, extra: &[&str], cmd: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fencegate"))
         .arg("lock")
-        .args(svc.args())
+        .args(service)
         .args(extra)
-        .arg(svc.lock_name())
+        .arg(name)
         .arg("--")
         .args(cmd)
         .output()
@@ -106,11 +111,16 @@ pub struct Holder {
 impl Holder {
     /// Starts `fencegate lock --ttl TTL` and waits until it holds the lock.
     pub fn take(svc: &Service, ttl_secs: u64) -> Holder {
+        Holder::take_at(&svc.args(), svc.lock_name(), ttl_secs)
+    }
+
+    /// The same, with the service given as `fencegate lock` arguments.
+    pub fn take_at(service: &[String], name: &str, ttl_secs: u64) -> Holder {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
             .arg("lock")
-            .args(svc.args())
+            .args(service)
             .args(["--ttl", &ttl_secs.to_string(), "--kill-grace", "1"])
-            .arg(svc.lock_name())
+            .arg(name)
             .args([
                 "--",
                 "sh",

@@ -8,7 +8,9 @@ pub mod fencegate;
 pub mod garage;
 pub mod lock_holder;
 pub mod moto;
+pub mod postgres;
 pub mod raw;
+pub mod redis;
 pub mod zookeeper;
 
 /// A free loopback port (bound, read, released) for a service a test starts.
