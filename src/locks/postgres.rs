@@ -216,7 +216,7 @@ async fn ping(
     }
 }
 
-pub use super::etcd::Seen;
+use super::Seen;
 
 /// Who holds the lock, as `pg_locks` and `pg_stat_activity` tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,14 +291,14 @@ pub async fn watch_holder(
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(lock = %name, "eager fencing on PostgreSQL is down: {e}");
-                seen(Seen::Up(false));
+                seen(Seen::Down);
                 backoff.wait().await;
                 continue;
             }
         };
         if let Err(e) = ensure_sequence(&client, &sequence).await {
             tracing::warn!(lock = %name, "eager fencing on PostgreSQL: cannot create the sequence {sequence}: {e}");
-            seen(Seen::Up(false));
+            seen(Seen::Down);
             backoff.wait().await;
             continue;
         }
@@ -321,7 +321,7 @@ pub async fn watch_holder(
                 Err(_) => break,
             };
             if !up {
-                seen(Seen::Up(true));
+                seen(Seen::Up);
                 backoff.reset();
                 up = true;
             }
@@ -336,7 +336,7 @@ pub async fn watch_holder(
             known = holder;
             tokio::time::sleep(every).await;
         }
-        seen(Seen::Up(false));
+        seen(Seen::Down);
         backoff.wait().await;
     }
 }

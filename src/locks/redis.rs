@@ -310,7 +310,7 @@ pub async fn reuse_warnings(conn: &mut MultiplexedConnection) -> Vec<String> {
     out
 }
 
-pub use super::etcd::Seen;
+use super::Seen;
 
 /// Which events `notify-keyspace-events` must include: keyspace channel
 /// (K), generic commands such as DEL (g), expiry (x) and eviction (e).
@@ -376,7 +376,7 @@ pub async fn watch_holder(url: String, name: String, seen: impl Fn(Seen)) {
             tracing::warn!(lock = %name, "eager fencing on Redis is down: {why}");
             last_problem = why;
         }
-        seen(Seen::Up(false));
+        seen(Seen::Down);
     };
     loop {
         let client = match client(&url) {
@@ -446,7 +446,7 @@ pub async fn watch_holder(url: String, name: String, seen: impl Fn(Seen)) {
         }
         known = Some(holder);
         problem(String::new(), &|_| {});
-        seen(Seen::Up(true));
+        seen(Seen::Up);
         backoff.reset();
         let mut messages = pubsub.on_message();
         let mut check = tokio::time::interval(Duration::from_secs(2));
