@@ -8,9 +8,11 @@ mod common;
 
 use common::etcd::{Etcd, etcdctl};
 use common::fencegate::{Backend, Fencegate};
-use common::lock_holder::{Holder, Server, Service, run_lock};
+use common::lock_holder::{
+    Holder, Server, Service, fence, run_lock, wait_for_eager, wait_for_fence_above,
+};
 use common::zookeeper::ZooKeeper;
-use common::{ensure_bucket, http_call, put_with_token, sdk};
+use common::{ensure_bucket, put_with_token, sdk};
 use std::time::Duration;
 
 /// Every key under `orders/` shares the resource `orders`.
@@ -43,58 +45,6 @@ async fn a_has_written(
         .await
         .unwrap();
     (fg, c, a)
-}
-
-/// The recorded highest token of `orders`, if any.
-async fn fence(fg: &Fencegate) -> Option<u64> {
-    let (status, body) = http_call(
-        "GET",
-        &format!("http://{}/fences/orders", fg.admin),
-        None,
-        None,
-    )
-    .await;
-    if status != 200 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["highest"].as_u64()
-}
-
-async fn wait_for_eager(fg: &Fencegate, up: bool) {
-    let want = format!(
-        "fencegate_eager_fencing_up{{resource=\"orders\"}} {}",
-        up as u8
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, m) = http_call("GET", &format!("http://{}/metrics", fg.admin), None, None).await;
-        if m.contains(&want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never saw {want}; fencegate's log:\n{}",
-            fg.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_for_fence_above(fg: &Fencegate, token: u64) -> u64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(h) = fence(fg).await
-            && h > token
-        {
-            return h;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "fence never rose above {token}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Waits until nobody holds or waits for the test lock.

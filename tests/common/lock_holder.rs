@@ -192,3 +192,54 @@ impl Drop for Holder {
         let _ = self.child.wait();
     }
 }
+
+/// The recorded highest token of `orders` (the lock tests' resource), if any.
+pub async fn fence(fg: &super::fencegate::Fencegate) -> Option<u64> {
+    let url = format!("http://{}/fences/orders", fg.admin);
+    let (status, body) = super::http_call("GET", &url, None, None).await;
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["highest"].as_u64()
+}
+
+/// Waits (up to 60 s) until eager fencing of `orders` reports `up`.
+pub async fn wait_for_eager(fg: &super::fencegate::Fencegate, up: bool) {
+    let want = format!(
+        "fencegate_eager_fencing_up{{resource=\"orders\"}} {}",
+        up as u8
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let url = format!("http://{}/metrics", fg.admin);
+        let (_, m) = super::http_call("GET", &url, None, None).await;
+        if m.contains(&want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never saw {want}; fencegate's log:\n{}",
+            fg.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to 60 s) until the fence of `orders` is above `token`.
+pub async fn wait_for_fence_above(fg: &super::fencegate::Fencegate, token: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(h) = fence(fg).await
+            && h > token
+        {
+            return h;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fence never rose above {token}; fencegate's log:\n{}",
+            fg.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
