@@ -60,7 +60,7 @@ pub async fn acquire(
     let take = client.lock(name, Some(LockOptions::new().with_lease(lease)));
     let taken = tokio::select! {
         r = take => r.map_err(service_error),
-        _ = sleep_opt(wait) => Err(LockError::Timeout),
+        _ = super::sleep_opt(wait) => Err(LockError::Timeout),
         _ = lost.wait_for(Option::is_some) => Err(LockError::Lost("lease lost while waiting".into())),
     };
     let resp = match taken {
@@ -85,19 +85,9 @@ pub async fn acquire(
     })
 }
 
-async fn sleep_opt(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
-}
-
 impl EtcdLock {
     pub async fn lost(&mut self) -> String {
-        match self.lost.wait_for(Option::is_some).await {
-            Ok(r) => r.clone().unwrap_or_default(),
-            Err(_) => "lock watcher stopped".into(),
-        }
+        super::lost_reason(&mut self.lost, "lock watcher stopped").await
     }
 
     pub async fn release(mut self) {

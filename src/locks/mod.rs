@@ -115,3 +115,23 @@ impl Backoff {
         self.0 = Duration::from_millis(100);
     }
 }
+
+/// Why a held lock was lost, once its keeper says so (`rx` becomes `Some`);
+/// `stopped` if the keeper ended without a word.
+async fn lost_reason(
+    rx: &mut tokio::sync::watch::Receiver<Option<String>>,
+    stopped: &str,
+) -> String {
+    match rx.wait_for(Option::is_some).await {
+        Ok(r) => r.clone().unwrap_or_default(),
+        Err(_) => stopped.into(),
+    }
+}
+
+/// Sleeps `d`, or forever without one.
+async fn sleep_opt(d: Option<std::time::Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}

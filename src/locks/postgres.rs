@@ -119,7 +119,7 @@ pub async fn acquire(
     let take = client.execute("SELECT pg_advisory_lock(hashtext($1))", &params);
     let taken = tokio::select! {
         r = take => r.map(|_| ()).map_err(svc),
-        _ = sleep_opt(wait) => Err(LockError::Timeout),
+        _ = super::sleep_opt(wait) => Err(LockError::Timeout),
         _ = closed.wait_for(Option::is_some) => Err(LockError::Service("connection lost while waiting".into())),
     };
     if let Err(e) = taken {
@@ -152,19 +152,9 @@ fn published_token(application_name: &str) -> Option<u64> {
     application_name.strip_prefix(PUBLISHED)?.parse().ok()
 }
 
-async fn sleep_opt(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
-}
-
 impl PgLock {
     pub async fn lost(&mut self) -> String {
-        match self.lost.wait_for(Option::is_some).await {
-            Ok(r) => r.clone().unwrap_or_default(),
-            Err(_) => "session watcher stopped".into(),
-        }
+        super::lost_reason(&mut self.lost, "session watcher stopped").await
     }
 
     pub async fn release(self) {
@@ -276,7 +266,7 @@ async fn read(
 
 /// Watches lock `name` at `url` by polling `pg_locks` every `every`, and
 /// reports each time its holder's session lets go of it (ended, or
-/// unlocked). The fence: see [`fence_for`].
+/// unlocked). The fence: see `fence_for`.
 pub async fn watch_holder(
     url: String,
     name: String,

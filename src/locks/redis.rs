@@ -154,10 +154,7 @@ pub async fn acquire(
 
 impl RedisLock {
     pub async fn lost(&mut self) -> String {
-        match self.lost.wait_for(Option::is_some).await {
-            Ok(r) => r.clone().unwrap_or_default(),
-            Err(_) => "lock keeper stopped".into(),
-        }
+        super::lost_reason(&mut self.lost, "lock keeper stopped").await
     }
 
     pub async fn release(mut self) {

@@ -86,10 +86,7 @@ pub async fn acquire(
 
 impl ZkLock {
     pub async fn lost(&mut self) -> String {
-        match self.lost.wait_for(Option::is_some).await {
-            Ok(r) => r.clone().unwrap_or_default(),
-            Err(_) => "session watcher stopped".into(),
-        }
+        super::lost_reason(&mut self.lost, "session watcher stopped").await
     }
 
     pub async fn release(self) {
