@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::backend::{Event, TestBackend, saw_key};
+use common::backend::{TestBackend, saw_key};
 use common::fencegate::{Fencegate, LIMITED_KEY, LIMITED_SECRET};
 use common::raw::{RawClient, RawRequest};
 use common::{Store, ensure_bucket};
@@ -191,15 +191,7 @@ async fn a_lost_answer_after_a_complete_body_keeps_the_resource_closed() {
         .await
         .unwrap();
     assert_eq!((r.status, r.code()), (503, Some("SlowDown")), "{}", r.body);
-    let started_34 = be.events().iter().any(|e| {
-        matches!(
-            e,
-            Event::Start {
-                token: Some(34),
-                ..
-            }
-        )
-    });
+    let started_34 = be.started(34);
     assert!(
         !started_34,
         "34 forwarded while 33 may still land: {:?}",
@@ -232,33 +224,14 @@ async fn a_write_holds_its_place_until_the_answer_body_is_complete() {
             raw.send(copy).await
         })
     };
-    be.wait_for("33's body at the backend", |ev| {
-        ev.iter().any(|e| {
-            matches!(
-                e,
-                Event::BodyComplete {
-                    token: Some(33),
-                    ..
-                }
-            )
-        })
-    })
-    .await;
+    be.wait_body_complete(33).await;
     let r34 = {
         let raw = raw.clone();
         tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "new").token(34)).await })
     };
     // Widen the window for a broken barrier; the assertion is about order.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let started_34 = be.events().iter().any(|e| {
-        matches!(
-            e,
-            Event::Start {
-                token: Some(34),
-                ..
-            }
-        )
-    });
+    let started_34 = be.started(34);
     assert!(
         !started_34,
         "34 forwarded before 33's answer was complete: {:?}",
@@ -429,4 +402,22 @@ fn an_empty_fence_store_stops_start_up() {
             .len(),
         0
     );
+}
+
+/// A backend might read either copy of a repeated parameter: refused.
+#[tokio::test]
+async fn a_query_parameter_given_twice_is_refused() {
+    let be = TestBackend::start().await;
+    let fg = Fencegate::start(be.as_fencegate_backend(), "");
+    let raw = RawClient::new(&fg.endpoint());
+    let mut put = RawRequest::put("/demo/k", "x").token(1);
+    put.query = "tagging&tagging".into();
+    let r = raw.send(put).await.unwrap();
+    assert_eq!(
+        (r.status, r.code()),
+        (400, Some("InvalidArgument")),
+        "{}",
+        r.body
+    );
+    assert!(!saw_key(&be.events(), "demo/k"));
 }

@@ -29,18 +29,7 @@ async fn start_stalled_33(be: &TestBackend, raw: &Arc<RawClient>) -> Pending {
         let raw = raw.clone();
         tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "old").token(33)).await })
     };
-    be.wait_for("33's body at the backend", |ev| {
-        ev.iter().any(|e| {
-            matches!(
-                e,
-                Event::BodyComplete {
-                    token: Some(33),
-                    ..
-                }
-            )
-        })
-    })
-    .await;
+    be.wait_body_complete(33).await;
     r33
 }
 

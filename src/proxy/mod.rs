@@ -271,8 +271,11 @@ impl Proxy {
             return Err(S3Error::RequestHeaderSectionTooLarge);
         }
         let query = query::decode_query(head.uri.query());
-        for (i, (k, _)) in query.iter().enumerate() {
-            if query[..i].iter().any(|(p, _)| p == k) {
+        // A set, not a scan per parameter: a long query must not cost
+        // quadratic time.
+        let mut names = std::collections::HashSet::with_capacity(query.len());
+        for (k, _) in &query {
+            if !names.insert(k.as_str()) {
                 return Err(S3Error::InvalidArgument(format!(
                     "query parameter {k:?} is given more than once"
                 )));

@@ -169,6 +169,22 @@ impl TestBackend {
         *self.state.bytes_received.lock().unwrap()
     }
 
+    /// Whether a request stamped with `token` reached the backend at all.
+    pub fn started(&self, token: u64) -> bool {
+        self.events()
+            .iter()
+            .any(|e| matches!(e, Event::Start { token: Some(t), .. } if *t == token))
+    }
+
+    /// Waits until the whole body of the write stamped `token` arrived.
+    pub async fn wait_body_complete(&self, token: u64) {
+        self.wait_for(&format!("{token}'s body at the backend"), |ev| {
+            ev.iter()
+                .any(|e| matches!(e, Event::BodyComplete { token: Some(t), .. } if *t == token))
+        })
+        .await
+    }
+
     /// Waits (up to 20 s) until `pred` holds for the event log.
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&[Event]) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
