@@ -305,10 +305,9 @@ async fn require_signed_token_extends_the_rule_to_header_signed_requests() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-/// Only requests of a multipart upload inherit its token.
-#[tokio::test]
-async fn upload_ids_lend_their_token_to_multipart_requests_only() {
-    let fg = Fencegate::start(common::fencegate::Backend::Embedded, "");
+/// Begins a multipart upload of `demo/big` with token 50 (as metadata, the
+/// way `aws s3 cp --metadata` sends it); returns its upload id.
+async fn begin_upload(fg: &Fencegate) -> String {
     let sdk = common::sdk(&fg.endpoint());
     ensure_bucket(&sdk, "demo").await;
     let up = sdk
@@ -319,7 +318,14 @@ async fn upload_ids_lend_their_token_to_multipart_requests_only() {
         .send()
         .await
         .unwrap();
-    let id = up.upload_id().unwrap().to_string();
+    up.upload_id().unwrap().to_string()
+}
+
+/// Only requests of a multipart upload inherit its token.
+#[tokio::test]
+async fn upload_ids_lend_their_token_to_multipart_requests_only() {
+    let fg = Fencegate::start(common::fencegate::Backend::Embedded, "");
+    let id = begin_upload(&fg).await;
     let raw = RawClient::new(&fg.endpoint());
     // A token-less ListParts is a read: it passes.
     let mut list = RawRequest::new(http::Method::GET, "/demo/big");
@@ -341,17 +347,7 @@ async fn upload_ids_lend_their_token_to_multipart_requests_only() {
 #[tokio::test]
 async fn upload_tokens_survive_a_restart() {
     let mut fg = Fencegate::start(common::fencegate::Backend::Embedded, "");
-    let sdk = common::sdk(&fg.endpoint());
-    ensure_bucket(&sdk, "demo").await;
-    let up = sdk
-        .create_multipart_upload()
-        .bucket("demo")
-        .key("big")
-        .metadata("fencing-token", "50")
-        .send()
-        .await
-        .unwrap();
-    let id = up.upload_id().unwrap().to_string();
+    let id = begin_upload(&fg).await;
     fg.kill9_and_restart();
     let raw = RawClient::new(&fg.endpoint());
     let mut part = RawRequest::put("/demo/big", vec![7u8; 1024]);
