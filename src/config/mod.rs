@@ -54,6 +54,11 @@ pub struct ServerConfig {
     pub domains: Vec<String>,
     /// Largest accepted request header section, in bytes.
     pub max_header_bytes: usize,
+    /// Forward unsigned GET and HEAD requests (object reads and listings)
+    /// to the backend unsigned, so that its own public-access policy
+    /// decides. Off: unsigned requests are refused. Never re-signed with
+    /// fencegate's backend credential; never a write; never a token.
+    pub anonymous_reads: bool,
     /// Most S3 connections open at once; more are answered 503 SlowDown.
     pub max_connections: usize,
     /// How long a connection may take to send a request's header section
@@ -94,9 +99,12 @@ pub struct FenceConfig {
     pub token_header: String,
     /// Query parameter that carries the token (presigned URLs).
     pub token_query: String,
-    /// User-metadata name the token is read from and stamped on objects as
-    /// `x-amz-meta-<name>`.
+    /// User-metadata name the accepted token is stamped on objects as
+    /// (`x-amz-meta-<name>`); empty turns stamping off.
     pub stamp_metadata: String,
+    /// User-metadata name the token is read from (`x-amz-meta-<name>`).
+    /// Unset: the stamp's name, or `fencing-token` when stamping is off.
+    pub token_metadata: Option<String>,
     /// How long a newer request waits for older in-flight writes with a
     /// complete body before it is answered `503 SlowDown`.
     pub admission_wait_ms: u64,
@@ -113,6 +121,23 @@ pub struct FenceConfig {
     /// Resources whose fence is kept in memory; beyond this, idle ones are
     /// dropped and read from the store again when next used.
     pub max_cached_resources: usize,
+}
+
+impl FenceConfig {
+    /// The metadata header stamped with the accepted token, if stamping is on.
+    pub fn stamp_header(&self) -> Option<String> {
+        (!self.stamp_metadata.is_empty()).then(|| format!("x-amz-meta-{}", self.stamp_metadata))
+    }
+
+    /// The metadata header a token is read from.
+    pub fn token_meta_header(&self) -> String {
+        let name = match (&self.token_metadata, self.stamp_metadata.as_str()) {
+            (Some(t), _) => t.as_str(),
+            (None, "") => "fencing-token",
+            (None, stamp) => stamp,
+        };
+        format!("x-amz-meta-{name}")
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -249,6 +274,7 @@ impl Default for ServerConfig {
             region: "us-east-1".into(),
             domains: Vec::new(),
             max_header_bytes: 64 * 1024,
+            anonymous_reads: false,
             max_connections: 1024,
             idle_timeout_ms: 60_000,
             request_timeout_ms: 60_000,
@@ -265,6 +291,7 @@ impl Default for FenceConfig {
             token_header: "x-fencing-token".into(),
             token_query: "x-fencing-token".into(),
             stamp_metadata: "fencing-token".into(),
+            token_metadata: None,
             admission_wait_ms: 10_000,
             quarantine_ms: 30_000,
             require_signed_token: false,
@@ -325,6 +352,9 @@ impl Config {
         let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
         cfg.fence.token_header = cfg.fence.token_header.to_ascii_lowercase();
         cfg.fence.stamp_metadata = cfg.fence.stamp_metadata.to_ascii_lowercase();
+        if let Some(t) = &mut cfg.fence.token_metadata {
+            *t = t.to_ascii_lowercase();
+        }
         Ok(cfg)
     }
 
@@ -389,5 +419,32 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn the_token_metadata_follows_the_stamp_unless_named() {
+        let f = |t: &str| {
+            let cfg = Config::parse(t).unwrap();
+            cfg.validate().unwrap();
+            (cfg.fence.stamp_header(), cfg.fence.token_meta_header())
+        };
+        let stamp = |s: &str| Some(s.to_string());
+        let fencing = "x-amz-meta-fencing-token".to_string();
+        assert_eq!(f(""), (stamp("x-amz-meta-fencing-token"), fencing.clone()));
+        let renamed = f("[fence]\nstamp_metadata = \"Lease\"\n");
+        assert_eq!(
+            renamed,
+            (stamp("x-amz-meta-lease"), "x-amz-meta-lease".into())
+        );
+        assert_eq!(f("[fence]\nstamp_metadata = \"\"\n"), (None, fencing));
+        let both = "[fence]\nstamp_metadata = \"\"\ntoken_metadata = \"t\"\n";
+        assert_eq!(f(both), (None, "x-amz-meta-t".into()));
+        let bad = Config::parse("[fence]\nstamp_metadata = \"a b\"\n").unwrap();
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("stamp_metadata")
+        );
     }
 }

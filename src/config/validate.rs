@@ -61,8 +61,16 @@ pub(super) fn fence(fence: &FenceConfig) -> Result<(), ConfigError> {
             "must be a non-empty parameter name",
         ));
     }
-    if !name_ok(&fence.stamp_metadata) {
-        return Err(err("fence.stamp_metadata", "must be a non-empty name"));
+    if !fence.stamp_metadata.is_empty() && !name_ok(&fence.stamp_metadata) {
+        return Err(err(
+            "fence.stamp_metadata",
+            "must be a metadata name, or empty to turn stamping off",
+        ));
+    }
+    if let Some(t) = &fence.token_metadata
+        && !name_ok(t)
+    {
+        return Err(err("fence.token_metadata", "must be a non-empty name"));
     }
     if fence.admission_wait_ms == 0 {
         return Err(err("fence.admission_wait_ms", "must be greater than 0"));

@@ -2,7 +2,8 @@
 //! source's metadata only under `x-amz-metadata-directive: COPY`, which
 //! would also copy the source's token. So fencegate reads the source's
 //! metadata (HEAD) and sends the copy with `REPLACE`: the source's metadata
-//! and content headers, and the new token. Nothing else is lost.
+//! and content headers, and the new token. Nothing else is lost. With
+//! stamping off the copy is forwarded as the client sent it.
 
 use super::Proxy;
 use crate::s3::error::S3Error;
@@ -53,6 +54,7 @@ impl Proxy {
             body: None,
             content_length: None,
             payload: UpstreamPayload::Empty,
+            anonymous: false,
         };
         let resp = self.upstream.send(head).await?;
         if !resp.status().is_success() {
@@ -66,7 +68,8 @@ impl Proxy {
                 out.headers.insert(*name, v.clone());
             }
         }
-        let stamp = self.stamp_header.as_str();
+        // Only called with stamping on.
+        let stamp = self.stamp_header.as_ref().map_or("", |h| h.as_str());
         let client_meta: Vec<_> = out
             .headers
             .keys()

@@ -1,7 +1,9 @@
 //! A request's life in fencegate, as named phases over one `RequestCtx`
 //! (see `Proxy::process`, which reads as the list below):
 //!
-//! 1. `check_head`: size limit, query parsed once;
+//! 1. `check_head`: size limit, query parsed once; a CORS preflight and
+//!    (with `server.anonymous_reads`) an unsigned read leave here for the
+//!    backend, unsigned (`public.rs`);
 //! 2. `authenticate`: SigV4 against fencegate's credential table;
 //! 3. `classify`: operation, bucket, key and copy source, each in the one
 //!    form that is fenced *and* forwarded (`s3::names`); keys a backend
@@ -23,13 +25,15 @@
 //!    bucket list filtered; an upload's token remembered).
 //!
 //! Every phase returns `Result<_, S3Error>`; the one error exit in
-//! [`Proxy::handle`] renders it as S3 XML, and one log event per request is
+//! [`Proxy::handle`] renders it as S3 XML (with the CORS headers the
+//! backend allows a browser's origin), and one log event per request is
 //! written there at the end.
 
 mod copy;
 mod forward;
 mod multi_delete;
 mod outgoing;
+mod public;
 
 use crate::body::{ProxyBody, full};
 use crate::config::Config;
@@ -61,8 +65,10 @@ pub struct Proxy {
     creds: Credentials,
     resolver: Resolver,
     carriers: Carriers,
-    stamp_header: String,
+    /// `None`: stamping is off (`fence.stamp_metadata = ""`).
+    stamp_header: Option<http::HeaderName>,
     require_signed_token: bool,
+    anonymous_reads: bool,
     gate: Arc<Gate>,
     upstream: Arc<Upstream>,
     max_header_bytes: usize,
@@ -80,6 +86,8 @@ struct RequestCtx {
     started: Instant,
     method: http::Method,
     path: String,
+    /// The `Origin` of a cross-origin (browser) request.
+    origin: Option<http::HeaderValue>,
     bytes_in: u64,
     op: &'static str,
     bucket: Option<String>,
@@ -145,18 +153,22 @@ async fn read_small_body(mut body: ProxyBody, limit: usize) -> Result<Bytes, S3E
 
 impl Proxy {
     pub fn new(cfg: &Config, gate: Arc<Gate>, upstream: Arc<Upstream>) -> Proxy {
-        let meta = format!("x-amz-meta-{}", cfg.fence.stamp_metadata);
+        let stamp_header = cfg
+            .fence
+            .stamp_header()
+            .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated metadata name"));
         Proxy {
             region: cfg.server.region.clone(),
             creds: Credentials::new(&cfg.credentials),
             resolver: Resolver::new(&cfg.rules),
             carriers: Carriers {
                 header: cfg.fence.token_header.clone(),
-                meta_header: meta.clone(),
+                meta_header: cfg.fence.token_meta_header(),
                 query: cfg.fence.token_query.clone(),
             },
-            stamp_header: meta,
+            stamp_header,
             require_signed_token: cfg.fence.require_signed_token,
+            anonymous_reads: cfg.server.anonymous_reads,
             gate,
             upstream,
             max_header_bytes: cfg.server.max_header_bytes,
@@ -180,6 +192,7 @@ impl Proxy {
             started: Instant::now(),
             method: req.method().clone(),
             path: req.uri().path().to_string(),
+            origin: req.headers().get(http::header::ORIGIN).cloned(),
             bytes_in: req
                 .headers()
                 .get(http::header::CONTENT_LENGTH)
@@ -203,7 +216,10 @@ impl Proxy {
                 if let S3Error::StaleFencingToken { highest, .. } = &e {
                     ctx.highest = Some(*highest);
                 }
-                let (parts, b) = e.to_response(&ctx.path, &ctx.request_id).into_parts();
+                let (mut parts, b) = e.to_response(&ctx.path, &ctx.request_id).into_parts();
+                if let Some(cors) = self.cors_for_error(&ctx).await {
+                    parts.headers.extend(cors);
+                }
                 Response::from_parts(parts, full(b))
             }
         };
@@ -229,6 +245,12 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, S3Error> {
         let (head, incoming) = req.into_parts();
         let query = self.check_head(&head)?;
+        if head.method == http::Method::OPTIONS {
+            return self.preflight(ctx, &head).await;
+        }
+        if self.anonymous_reads && auth::is_anonymous(&head.headers, &query) {
+            return self.anonymous_read(ctx, &head, query).await;
+        }
         let verified = self.authenticate(ctx, &head, &query)?;
         let op = self.classify(ctx, &head, &query)?;
         self.authorize(&verified, &op)?;
@@ -243,7 +265,7 @@ impl Proxy {
         let mut out = self.upstream_request(&head, &admitted, incoming)?;
         let mut permits: Vec<Arc<Permit>> = admitted.fenced.permit.iter().cloned().collect();
         match admitted.op.op {
-            Op::CopyObject if admitted.fenced.token.is_some() => {
+            Op::CopyObject if admitted.fenced.token.is_some() && self.stamp_header.is_some() => {
                 self.keep_source_metadata(&mut out, &head.headers, &admitted.op)
                     .await?
             }
@@ -314,6 +336,18 @@ impl Proxy {
         head: &Parts,
         query: &[(String, String)],
     ) -> Result<Operation, S3Error> {
+        let (bucket, key) = self.split(ctx, head)?;
+        let op = op::classify(&head.method, bucket, key, query, &head.headers)?;
+        ctx.op = op.op.name();
+        Ok(op)
+    }
+
+    /// The bucket and key of a request, from its host and path.
+    fn split(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+    ) -> Result<(Option<String>, Option<String>), S3Error> {
         let host = head
             .headers
             .get(http::header::HOST)
@@ -321,9 +355,7 @@ impl Proxy {
         let (bucket, key) = names::split_request(host, head.uri.path(), &self.domains)?;
         ctx.bucket = bucket.clone();
         ctx.key = key.clone();
-        let op = op::classify(&head.method, bucket, key, query, &head.headers)?;
-        ctx.op = op.op.name();
-        Ok(op)
+        Ok((bucket, key))
     }
 
     /// Phase 4: the credential's buckets and admin right.

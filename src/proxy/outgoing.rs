@@ -68,19 +68,27 @@ impl Proxy {
             .filter(|(k, _)| *k != self.carriers.query && !is_presign_param(k))
             .cloned()
             .collect();
-        let mut headers = forwarded_headers(
-            &head.headers,
-            &[self.carriers.header.as_str(), self.stamp_header.as_str()],
-        );
+        // With stamping on, the stamp replaces the token's metadata carrier;
+        // with it off, a token the client put in its metadata stays there as
+        // the client's own metadata.
+        let mut headers = match &self.stamp_header {
+            Some(stamp) => forwarded_headers(
+                &head.headers,
+                &[
+                    self.carriers.header.as_str(),
+                    self.carriers.meta_header.as_str(),
+                    stamp.as_str(),
+                ],
+            ),
+            None => forwarded_headers(&head.headers, &[self.carriers.header.as_str()]),
+        };
         if let Some(src) = &op.copy_source {
             headers.insert(X_AMZ_COPY_SOURCE, header_value(&src.to_header())?);
         }
-        if op.op.stamps_token()
-            && let Some(t) = fenced.token
+        if let (true, Some(t), Some(stamp)) =
+            (op.op.stamps_token(), fenced.token, &self.stamp_header)
         {
-            let name = http::HeaderName::from_bytes(self.stamp_header.as_bytes())
-                .map_err(|e| S3Error::Internal(e.to_string()))?;
-            headers.insert(name, HeaderValue::from(t));
+            headers.insert(stamp.clone(), HeaderValue::from(t));
         }
         Ok(Outgoing {
             method: head.method.clone(),
@@ -91,6 +99,7 @@ impl Proxy {
             body: None,
             content_length: None,
             payload: UpstreamPayload::Empty,
+            anonymous: false,
         })
     }
 

@@ -188,6 +188,18 @@ fn split_credential(credential: &str) -> Option<[&str; 4]> {
     }
 }
 
+/// Whether a request carries no signature at all: no `Authorization`
+/// header and none of a presigned URL's parameters.
+pub fn is_anonymous(headers: &http::HeaderMap, query: &[(String, String)]) -> bool {
+    !headers.contains_key(http::header::AUTHORIZATION)
+        && !query.iter().any(|(k, _)| {
+            matches!(
+                k.as_str(),
+                "X-Amz-Algorithm" | "X-Amz-Credential" | "X-Amz-Signature"
+            )
+        })
+}
+
 /// Verifies a SigV4 request, signed in the `Authorization` header or as a
 /// presigned URL (query parameters), in four steps shared by both forms:
 /// the claim (parsed and checked against the clock), its scope and signed

@@ -45,6 +45,10 @@ pub struct Outgoing {
     pub body: Option<FrameStream>,
     pub content_length: Option<u64>,
     pub payload: UpstreamPayload,
+    /// Sent without a signature: anonymous reads and CORS preflights, which
+    /// the backend must judge as the anonymous requests they are, never
+    /// with fencegate's credential.
+    pub anonymous: bool,
 }
 
 /// Where and as whom fencegate talks to the backend.
@@ -198,7 +202,8 @@ impl Upstream {
             .map_err(|e| S3Error::InvalidArgument(format!("cannot build upstream URL: {e}")))
     }
 
-    /// Signs and sends `out`; resolves with the backend's response head.
+    /// Signs (unless anonymous) and sends `out`; resolves with the backend's
+    /// response head.
     pub async fn send(&self, out: Outgoing) -> Result<Response<Incoming>, S3Error> {
         let uri = self.uri(&out)?;
         let mut headers = out.headers;
@@ -215,7 +220,34 @@ impl Upstream {
         if let Some(len) = out.content_length {
             headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
         }
-        let signable_body = match &out.payload {
+        let body: UpstreamBody = match out.body {
+            Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
+            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
+        };
+        let mut req = Request::builder()
+            .method(out.method)
+            .uri(uri)
+            .body(body)
+            .map_err(|e| S3Error::Internal(e.to_string()))?;
+        *req.headers_mut() = headers;
+        if !out.anonymous {
+            self.sign(&mut req, &out.payload)?;
+        }
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(body_error(&e)
+                .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&e))))),
+        }
+    }
+
+    /// Adds the backend's SigV4 header signature to `req`.
+    fn sign(
+        &self,
+        req: &mut Request<UpstreamBody>,
+        payload: &UpstreamPayload,
+    ) -> Result<(), S3Error> {
+        let signable_body = match payload {
             UpstreamPayload::Empty => SignableBody::Bytes(b""),
             UpstreamPayload::Unsigned => SignableBody::UnsignedPayload,
             UpstreamPayload::Sha256Hex(h) => SignableBody::Precomputed(h.clone()),
@@ -223,16 +255,16 @@ impl Upstream {
                 SignableBody::StreamingUnsignedPayloadTrailer
             }
         };
-        let mut signable_headers = Vec::with_capacity(headers.len());
-        for (name, value) in &headers {
+        let mut signable_headers = Vec::with_capacity(req.headers().len());
+        for (name, value) in req.headers() {
             let v = value.to_str().map_err(|_| {
                 S3Error::InvalidArgument(format!("header {name} is not printable ASCII"))
             })?;
             signable_headers.push((name.as_str(), v));
         }
-        let uri_str = uri.to_string();
+        let uri_str = req.uri().to_string();
         let signable = SignableRequest::new(
-            out.method.as_str(),
+            req.method().as_str(),
             uri_str.as_str(),
             signable_headers.into_iter(),
             signable_body,
@@ -262,24 +294,8 @@ impl Upstream {
         let (instructions, _) = sign(signable, &params)
             .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?
             .into_parts();
-        let body: UpstreamBody = match out.body {
-            Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
-            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
-        };
-        let mut req = Request::builder()
-            .method(out.method)
-            .uri(uri)
-            .body(body)
-            .map_err(|e| S3Error::Internal(e.to_string()))?;
-        *req.headers_mut() = headers;
-        instructions.apply_to_request_http1x(&mut req);
-
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(body_error(&e)
-                .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&e))))),
-        }
+        instructions.apply_to_request_http1x(req);
+        Ok(())
     }
 }
 

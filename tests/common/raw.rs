@@ -412,6 +412,51 @@ pub fn canonical_path(raw: &str) -> String {
     if out.is_empty() { "/".into() } else { out }
 }
 
+/// A presigned URL for `method` on `base` + `path?query` with the demo
+/// credential, valid five minutes: what a server hands a browser.
+pub fn presigned_url(base: &str, method: &str, path: &str, query: &str) -> String {
+    let url = match query {
+        "" => format!("{base}{path}"),
+        q => format!("{base}{path}?{q}"),
+    };
+    let host = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    let identity: Identity = Credentials::new(
+        super::fencegate::DEMO_KEY,
+        super::fencegate::DEMO_SECRET,
+        None,
+        None,
+        "test",
+    )
+    .into();
+    let mut settings = presign_settings();
+    settings.expires_in = Some(Duration::from_secs(300));
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(SystemTime::now())
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into();
+    let headers = [("host", host)];
+    let signable = SignableRequest::new(
+        method,
+        url.as_str(),
+        headers.into_iter(),
+        SignableBody::UnsignedPayload,
+    )
+    .unwrap();
+    let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+    let mut req = Request::builder()
+        .method(method)
+        .uri(&url)
+        .body(())
+        .unwrap();
+    instructions.apply_to_request_http1x(&mut req);
+    req.uri().to_string()
+}
+
 fn presign_settings() -> SigningSettings {
     let mut settings = SigningSettings::default();
     settings.percent_encoding_mode = PercentEncodingMode::Single;
