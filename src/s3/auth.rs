@@ -12,10 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::sigv4::{
-    canonical_header_value, canonical_uri, hmac, parse_amz_date, same_signature, signing_key,
-    string_to_sign,
-};
+pub use super::sigv4::{Head, canonical_request};
+use super::sigv4::{hmac, parse_amz_date, same_signature, signing_key, string_to_sign};
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
 // (`tests/parsers.rs`) name them here.
@@ -141,14 +139,6 @@ impl Credentials {
                 .collect(),
         }
     }
-}
-
-/// The request head as the verifier needs it.
-pub struct Head<'a> {
-    pub method: &'a str,
-    pub raw_path: &'a str,
-    pub query: &'a [(String, String)],
-    pub headers: &'a HeaderMap,
 }
 
 /// The longest validity of a presigned URL: 7 days.
@@ -409,36 +399,6 @@ fn payload_of(content_sha: Option<&str>) -> Result<Payload, S3Error> {
             Payload::Sha256(out)
         }
     })
-}
-
-/// The canonical request: method, URI, query (without the signature of a
-/// presigned URL), the signed headers with their values, and the payload
-/// hash as the client sent it.
-pub fn canonical_request(
-    head: &Head<'_>,
-    signed_headers: &[&str],
-    presigned: bool,
-    content_sha: Option<&str>,
-) -> Result<String, S3Error> {
-    let mut canonical = String::with_capacity(512);
-    canonical.push_str(head.method);
-    canonical.push('\n');
-    canonical.push_str(&canonical_uri(head.raw_path));
-    canonical.push('\n');
-    let skip = presigned.then_some("X-Amz-Signature");
-    canonical.push_str(&canonical_query(head.query, skip));
-    canonical.push('\n');
-    for name in signed_headers {
-        canonical.push_str(name);
-        canonical.push(':');
-        canonical.push_str(&canonical_header_value(head.headers, name)?);
-        canonical.push('\n');
-    }
-    canonical.push('\n');
-    canonical.push_str(&signed_headers.join(";"));
-    canonical.push('\n');
-    canonical.push_str(content_sha.unwrap_or("UNSIGNED-PAYLOAD"));
-    Ok(canonical)
 }
 
 #[cfg(test)]

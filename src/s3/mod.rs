@@ -10,5 +10,6 @@ pub mod multi_delete;
 pub mod names;
 pub mod op;
 pub mod query;
+pub mod sign;
 pub mod sigv4;
 pub mod xml;

@@ -53,6 +53,28 @@ pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> S
     )
 }
 
+/// `YYYYMMDDTHHMMSSZ` for a Unix time in seconds.
+pub fn amz_date(unix: u64) -> String {
+    // Civil date from days (Howard Hinnant's algorithm).
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
 /// Constant-time comparison of two hex signatures.
 pub fn same_signature(a: &str, b: &str) -> bool {
     a.len() == b.len()
@@ -122,6 +144,44 @@ pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String
         .join("&")
 }
 
+/// The request head as SigV4 signs it.
+pub struct Head<'a> {
+    pub method: &'a str,
+    pub raw_path: &'a str,
+    pub query: &'a [(String, String)],
+    pub headers: &'a HeaderMap,
+}
+
+/// The canonical request: method, URI, query (without the signature of a
+/// presigned URL), the signed headers with their values, and the payload
+/// hash as the client sent it.
+pub fn canonical_request(
+    head: &Head<'_>,
+    signed_headers: &[&str],
+    presigned: bool,
+    content_sha: Option<&str>,
+) -> Result<String, S3Error> {
+    let mut canonical = String::with_capacity(512);
+    canonical.push_str(head.method);
+    canonical.push('\n');
+    canonical.push_str(&canonical_uri(head.raw_path));
+    canonical.push('\n');
+    let skip = presigned.then_some("X-Amz-Signature");
+    canonical.push_str(&canonical_query(head.query, skip));
+    canonical.push('\n');
+    for name in signed_headers {
+        canonical.push_str(name);
+        canonical.push(':');
+        canonical.push_str(&canonical_header_value(head.headers, name)?);
+        canonical.push('\n');
+    }
+    canonical.push('\n');
+    canonical.push_str(&signed_headers.join(";"));
+    canonical.push('\n');
+    canonical.push_str(content_sha.unwrap_or("UNSIGNED-PAYLOAD"));
+    Ok(canonical)
+}
+
 pub fn canonical_header_value(headers: &HeaderMap, name: &str) -> Result<String, S3Error> {
     let mut values = Vec::new();
     for v in headers.get_all(name) {
@@ -156,5 +216,15 @@ mod tests {
         assert_eq!(canonical_uri("/b/a+b"), "/b/a%2Bb");
         let q = decode_query(Some("uploads&b=2&a=x%2Fy"));
         assert_eq!(canonical_query(&q, None), "a=x%2Fy&b=2&uploads=");
+    }
+
+    #[test]
+    fn amz_date_round_trips() {
+        for t in [0u64, 86_401, 951_782_400, 1_700_000_000, 4_102_444_799] {
+            let s = amz_date(t);
+            let back = parse_amz_date(&s).unwrap();
+            assert_eq!(back.duration_since(UNIX_EPOCH).unwrap().as_secs(), t, "{s}");
+        }
+        assert_eq!(amz_date(1_369_353_600), "20130524T000000Z");
     }
 }

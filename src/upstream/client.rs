@@ -1,6 +1,6 @@
 //! Forwarding to the backend over hyper: the upstream URL, header filtering,
-//! re-signing with the backend's credentials (aws-sigv4), and a streaming
-//! body both ways.
+//! re-signing with the backend's credentials (`s3::sign`, the same SigV4
+//! code that verifies clients), and a streaming body both ways.
 
 use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
@@ -8,13 +8,8 @@ use crate::s3::headers::{
     X_AMZ_CONTENT_SHA256, X_AMZ_COPY_SOURCE, X_AMZ_DATE, X_AMZ_DECODED_CONTENT_LENGTH,
     X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER,
 };
-use crate::s3::sigv4::{PATH, STRICT};
-use aws_credential_types::Credentials;
-use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-    UriPathNormalizationMode, sign,
-};
-use aws_sigv4::sign::v4;
+use crate::s3::sign::HeaderSigner;
+use crate::s3::sigv4::{EMPTY_SHA256, PATH, STRICT};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
@@ -70,6 +65,7 @@ pub struct Upstream {
     target: BackendTarget,
     host: HeaderValue,
     timeout: Duration,
+    signer: HeaderSigner,
 }
 
 /// Request headers that never go upstream: hop-by-hop headers, the client's
@@ -149,8 +145,14 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
+        let signer = HeaderSigner::new(
+            &target.access_key_id,
+            &target.secret_access_key,
+            &target.region,
+        );
         Ok(Upstream {
             client,
+            signer,
             target,
             host,
             timeout,
@@ -224,78 +226,29 @@ impl Upstream {
             Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
             None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
         };
+        if !out.anonymous {
+            let payload = match &out.payload {
+                UpstreamPayload::Empty => EMPTY_SHA256,
+                UpstreamPayload::Unsigned => "UNSIGNED-PAYLOAD",
+                UpstreamPayload::Sha256Hex(h) => h.as_str(),
+                UpstreamPayload::StreamingUnsignedTrailer => "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            };
+            let (method, path) = (out.method.as_str(), uri.path());
+            let now = SystemTime::now();
+            (self.signer).sign(method, path, &out.query, &mut headers, payload, now)?;
+        }
         let mut req = Request::builder()
             .method(out.method)
             .uri(uri)
             .body(body)
             .map_err(|e| S3Error::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
-        if !out.anonymous {
-            self.sign(&mut req, &out.payload)?;
-        }
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => Err(body_error(&e)
                 .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&e))))),
         }
-    }
-
-    /// Adds the backend's SigV4 header signature to `req`.
-    fn sign(
-        &self,
-        req: &mut Request<UpstreamBody>,
-        payload: &UpstreamPayload,
-    ) -> Result<(), S3Error> {
-        let signable_body = match payload {
-            UpstreamPayload::Empty => SignableBody::Bytes(b""),
-            UpstreamPayload::Unsigned => SignableBody::UnsignedPayload,
-            UpstreamPayload::Sha256Hex(h) => SignableBody::Precomputed(h.clone()),
-            UpstreamPayload::StreamingUnsignedTrailer => {
-                SignableBody::StreamingUnsignedPayloadTrailer
-            }
-        };
-        let mut signable_headers = Vec::with_capacity(req.headers().len());
-        for (name, value) in req.headers() {
-            let v = value.to_str().map_err(|_| {
-                S3Error::InvalidArgument(format!("header {name} is not printable ASCII"))
-            })?;
-            signable_headers.push((name.as_str(), v));
-        }
-        let uri_str = req.uri().to_string();
-        let signable = SignableRequest::new(
-            req.method().as_str(),
-            uri_str.as_str(),
-            signable_headers.into_iter(),
-            signable_body,
-        )
-        .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?;
-        let mut settings = SigningSettings::default();
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-        let identity = Credentials::new(
-            &self.target.access_key_id,
-            &self.target.secret_access_key,
-            None,
-            None,
-            "fencegate-backend",
-        )
-        .into();
-        let params = v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&self.target.region)
-            .name("s3")
-            .time(SystemTime::now())
-            .settings(settings)
-            .build()
-            .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?
-            .into();
-        let (instructions, _) = sign(signable, &params)
-            .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?
-            .into_parts();
-        instructions.apply_to_request_http1x(req);
-        Ok(())
     }
 }
 
