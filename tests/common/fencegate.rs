@@ -143,8 +143,21 @@ impl Fencegate {
         self.child.id()
     }
 
-    /// Everything fencegate logged so far (all its runs).
+    /// Everything fencegate logged so far (all its runs). Its log lines
+    /// are written by a thread of their own, just after the request they
+    /// describe was answered: this waits until the file has stopped
+    /// growing (for 100 ms) before reading it.
     pub fn logs(&self) -> String {
+        let len = || std::fs::metadata(&self.log_path).map_or(0, |m| m.len());
+        let mut last = len();
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = len();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
