@@ -19,6 +19,7 @@
 //!   records one.
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
+//! - [`logging`]: log lines to stderr in batches, by a thread of their own.
 //!
 //! The fence (→ config, metric_names):
 //!
@@ -36,7 +37,8 @@
 //! - [`s3::names`]: bucket names, keys and copy sources in the one form that
 //!   is fenced and forwarded.
 //! - [`s3::auth`]: SigV4 verification, header and presigned, step by step;
-//!   [`s3::sigv4`]: its primitives (signing key, canonical forms).
+//!   [`s3::sigv4`]: its primitives (signing key, canonical forms);
+//!   [`s3::sign`]: the same forms signing what fencegate sends the backend.
 //! - [`s3::query`], [`s3::headers`]: the query string's one lookup, the
 //!   `x-amz-*` header names spelt once.
 //! - [`s3::chunked`]: aws-chunked decoding, chunk and trailer signatures.
@@ -47,7 +49,7 @@
 //!
 //! The backend (→ s3, tls):
 //!
-//! - [`upstream::client`]: forwarding over hyper, re-signing with aws-sigv4.
+//! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`.
 //! - [`upstream::embedded`]: s3s-fs on a loopback port, the default store.
 //!
 //! A request's life (→ fence, s3, upstream, body, config, metric_names):
@@ -94,6 +96,7 @@ pub mod cli;
 pub mod config;
 pub mod fence;
 pub mod locks;
+pub mod logging;
 pub mod metric_names;
 pub mod proxy;
 pub mod s3;

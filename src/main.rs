@@ -6,10 +6,11 @@ use fencegate::cli::{Cli, Command, FencesAction, FencesArgs, LockArgs, ServeArgs
 use fencegate::config::LogFormat;
 use std::process::ExitCode;
 
-/// mimalloc: fewer and cheaper allocator calls per request than glibc's
-/// malloc on the request path (BENCHMARKS.md, "CPU per request").
+/// jemalloc: cheaper allocation and free on the request path than glibc's
+/// malloc, with memory still returned while a large body streams
+/// (BENCHMARKS.md, "CPU per request").
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -163,21 +164,12 @@ fn merge(a: ServeArgs, b: ServeArgs) -> ServeArgs {
     }
 }
 
-/// Log lines go to stderr through a buffer that a thread of its own
-/// writes out whenever it has drained what is queued: one `write` for many
-/// lines under load, none on the request path. Never lossy: when stderr
-/// cannot keep up, requests wait for the queue rather than lines being
-/// dropped. The guard flushes what is left when `serve` returns.
-fn init_logging(format: LogFormat, level: &str) -> tracing_appender::non_blocking::WorkerGuard {
+/// Log lines go to stderr in batches (`fencegate::logging`); the guard
+/// writes out what is pending when `serve` returns.
+fn init_logging(format: LogFormat, level: &str) -> fencegate::logging::LogGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("fencegate-log")
-        .finish(std::io::BufWriter::with_capacity(
-            64 << 10,
-            std::io::stderr(),
-        ));
+    let (writer, guard) = fencegate::logging::batched(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);

@@ -5,10 +5,13 @@
 //! its whole answer has been read. S3 answers CompleteMultipartUpload and
 //! copies with an early `200` head, white space while it works, and the real
 //! result (maybe an `<Error>`) at the end of the body, so the head is not
-//! the final word. The exchange therefore runs in a task of its own that
-//! reads the backend's answer to the end, passing it on to the client as it
-//! comes (and reading on if the client left), and only then drops the
-//! permits.
+//! the final word. The permits therefore travel with the exchange: with
+//! the pending request until the head arrives, then with the answer's body
+//! ([`HeldBody`]) until its end has been read. If the client leaves first,
+//! whatever is left of the exchange (the pending request, or the rest of
+//! the answer) goes on in a task of its own and lets go of the permits when
+//! it ends. The common case, a client that stays, needs no task, channel
+//! or wake-up of its own.
 //!
 //! If the answer is lost (timeout, broken connection) after the backend
 //! had the whole body, the write may still be applied: not having an answer
@@ -25,13 +28,24 @@ use crate::s3::error::S3Error;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;
 use http::Response;
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
 
-type FrameResult = Result<Frame<Bytes>, BoxError>;
+type Answer = Result<Response<Incoming>, S3Error>;
+type Sending = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// What a fenced write's exchange needs to end well on its own.
+struct Hold {
+    permits: Vec<Arc<Permit>>,
+    quarantine: Duration,
+    idle: Duration,
+}
 
 impl Proxy {
     pub(super) async fn forward(
@@ -45,69 +59,163 @@ impl Proxy {
             let resp = upstream.send(out).await?;
             return Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed()));
         }
-        let idle = upstream.timeout();
-        let quarantine = self.quarantine;
-        let (head_tx, head_rx) = oneshot::channel();
-        tokio::spawn(async move {
-            let sent = Instant::now();
-            let result = upstream.send(out).await;
-            metrics::histogram!(m::UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
-            let resp = match result {
-                Ok(resp) => resp,
-                Err(e) => {
-                    let e = match settle(permits, Some(&e.to_string()), quarantine) {
+        let hold = Hold {
+            permits,
+            quarantine: self.quarantine,
+            idle: upstream.timeout(),
+        };
+        let sent = Instant::now();
+        let mut pending = PendingHead {
+            sending: Some(Box::pin(async move { upstream.send(out).await })),
+            hold: Some(hold),
+        };
+        let result = std::future::poll_fn(|cx| pending.poll_head(cx)).await;
+        metrics::histogram!(m::UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
+        let hold = pending.hold.take().expect("held until the head arrives");
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(e) => {
+                let quarantine = hold.quarantine;
+                return Err(
+                    match settle(hold.permits, Some(&e.to_string()), quarantine) {
                         true => S3Error::BadGateway(format!(
                             "{e}; the backend had the whole body, so the write may still be \
-                             applied: newer writes wait up to {} ms",
+                         applied: newer writes wait up to {} ms",
                             quarantine.as_millis()
                         )),
                         false => e,
-                    };
-                    let _ = head_tx.send(Err(e));
-                    return;
-                }
-            };
-            let (parts, mut body) = resp.into_parts();
-            let (tx, rx) = mpsc::channel::<FrameResult>(8);
-            let mut rx = rx;
-            let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-            let client_body = BodyExt::boxed(StreamBody::new(stream));
-            let _ = head_tx.send(Ok(Response::from_parts(parts, client_body)));
-            let lost = pump(&mut body, &tx, idle).await;
-            settle(permits, lost.as_deref(), quarantine);
-        });
-        head_rx
-            .await
-            .map_err(|e| S3Error::Internal(format!("forwarding task: {e}")))?
+                    },
+                );
+            }
+        };
+        let (parts, body) = resp.into_parts();
+        let held = HeldBody {
+            inner: Some(body),
+            stall: Box::pin(tokio::time::sleep(hold.idle)),
+            hold: Some(hold),
+        };
+        Ok(Response::from_parts(parts, held.boxed()))
     }
 }
 
-/// Reads the backend's answer to its end, passing every frame to the
-/// client while it listens. Returns why the answer was lost, if it was.
-async fn pump(
-    body: &mut hyper::body::Incoming,
-    tx: &mpsc::Sender<FrameResult>,
-    idle: Duration,
-) -> Option<String> {
-    loop {
-        match tokio::time::timeout(idle, body.frame()).await {
-            Ok(None) => return None,
-            Ok(Some(Ok(frame))) => {
-                // A client that left is no reason to stop reading.
-                let _ = tx.send(Ok(frame)).await;
+/// The upstream request of a fenced write until its answer's head arrives.
+/// Dropped before that (the client left), it sends the request on in a
+/// task of its own, which reads the answer to its end and then settles.
+struct PendingHead {
+    sending: Option<Sending>,
+    hold: Option<Hold>,
+}
+
+impl PendingHead {
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Answer> {
+        let sending = self.sending.as_mut().expect("polled until ready, once");
+        let answer = ready!(sending.as_mut().poll(cx));
+        self.sending = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for PendingHead {
+    fn drop(&mut self) {
+        let (Some(sending), Some(hold)) = (self.sending.take(), self.hold.take()) else {
+            return;
+        };
+        spawn(async move {
+            match sending.await {
+                Ok(resp) => drain(resp.into_body(), hold).await,
+                Err(e) => {
+                    settle(hold.permits, Some(&e.to_string()), hold.quarantine);
+                }
             }
-            Ok(Some(Err(e))) => {
-                let why = format!("the backend's answer broke off: {e}");
-                let _ = tx.send(Err(why.clone().into())).await;
-                return Some(why);
+        });
+    }
+}
+
+/// The backend's answer to a fenced write, passed to the client frame by
+/// frame; it keeps the permits until the answer's end has been read (or the
+/// answer is lost: see `settle`). Dropped before that (the client left), it
+/// reads the rest in a task of its own.
+struct HeldBody {
+    /// Taken by `drop` when the rest must be read in a task.
+    inner: Option<Incoming>,
+    /// The longest wait for the answer's next frame.
+    stall: Pin<Box<tokio::time::Sleep>>,
+    hold: Option<Hold>,
+}
+
+impl Body for HeldBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let (Some(hold), Some(inner)) = (&this.hold, &mut this.inner) else {
+            return Poll::Ready(None);
+        };
+        let lost = match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let deadline = tokio::time::Instant::now() + hold.idle;
+                this.stall.as_mut().reset(deadline);
+                return Poll::Ready(Some(Ok(frame)));
             }
-            Err(_) => {
-                let why = "the backend's answer stalled".to_string();
-                let _ = tx.send(Err(why.clone().into())).await;
-                return Some(why);
+            Poll::Ready(None) => None,
+            Poll::Ready(Some(Err(e))) => Some(format!("the backend's answer broke off: {e}")),
+            Poll::Pending => {
+                ready!(this.stall.as_mut().poll(cx));
+                Some("the backend's answer stalled".to_string())
+            }
+        };
+        let hold = this.hold.take().expect("checked above");
+        settle(hold.permits, lost.as_deref(), hold.quarantine);
+        Poll::Ready(lost.map(|why| Err(why.into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.hold.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.as_ref().map(Body::size_hint).unwrap_or_default()
+    }
+}
+
+impl Drop for HeldBody {
+    fn drop(&mut self) {
+        let Some(hold) = self.hold.take() else {
+            return;
+        };
+        match self.inner.take() {
+            Some(rest) if !rest.is_end_stream() => spawn(drain(rest, hold)),
+            _ => {
+                settle(hold.permits, None, hold.quarantine);
             }
         }
     }
+}
+
+/// Runs what is left of an exchange on its own. (Without a runtime, the
+/// process is ending: the permits go with it.)
+fn spawn(rest: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(rest);
+    }
+}
+
+/// Reads what is left of an answer the client no longer listens to, then
+/// settles.
+async fn drain(mut body: Incoming, hold: Hold) {
+    let lost = loop {
+        match tokio::time::timeout(hold.idle, body.frame()).await {
+            Ok(None) => break None,
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => break Some(format!("the backend's answer broke off: {e}")),
+            Err(_) => break Some("the backend's answer stalled".to_string()),
+        }
+    };
+    settle(hold.permits, lost.as_deref(), hold.quarantine);
 }
 
 /// Lets go of a finished exchange's permits: at once, or after the

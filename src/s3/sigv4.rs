@@ -125,23 +125,33 @@ pub fn canonical_uri(raw_path: &str) -> String {
     if enc.is_empty() { "/".into() } else { enc }
 }
 
-/// The canonical query string from decoded pairs, skipping `skip`.
+/// The canonical query string from decoded pairs, skipping `skip`: each
+/// name and value percent-encoded (borrowed when nothing needs encoding),
+/// sorted, joined.
 pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String {
-    let mut enc: Vec<(String, String)> = pairs
+    use std::borrow::Cow;
+    let mut enc: Vec<(Cow<'_, str>, Cow<'_, str>)> = pairs
         .iter()
         .filter(|(k, _)| Some(k.as_str()) != skip)
         .map(|(k, v)| {
             (
-                utf8_percent_encode(k, STRICT).to_string(),
-                utf8_percent_encode(v, STRICT).to_string(),
+                utf8_percent_encode(k, STRICT).into(),
+                utf8_percent_encode(v, STRICT).into(),
             )
         })
         .collect();
-    enc.sort();
-    enc.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
+    enc.sort_unstable();
+    let len = enc.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let mut out = String::with_capacity(len);
+    for (i, (k, v)) in enc.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+    }
+    out
 }
 
 /// The request head as SigV4 signs it.
@@ -172,7 +182,7 @@ pub fn canonical_request(
     for name in signed_headers {
         canonical.push_str(name);
         canonical.push(':');
-        canonical.push_str(&canonical_header_value(head.headers, name)?);
+        push_canonical_header_value(&mut canonical, head.headers, name)?;
         canonical.push('\n');
     }
     canonical.push('\n');
@@ -182,20 +192,41 @@ pub fn canonical_request(
     Ok(canonical)
 }
 
-pub fn canonical_header_value(headers: &HeaderMap, name: &str) -> Result<String, S3Error> {
-    let mut values = Vec::new();
-    for v in headers.get_all(name) {
-        let v = std::str::from_utf8(v.as_bytes()).map_err(|_| {
-            S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
-        })?;
-        values.push(v.split_whitespace().collect::<Vec<_>>().join(" "));
-    }
-    if values.is_empty() {
+/// Appends a signed header's canonical value: every value of the header,
+/// white space runs folded to one space and trimmed, joined with `,`.
+fn push_canonical_header_value(
+    out: &mut String,
+    headers: &HeaderMap,
+    name: &str,
+) -> Result<(), S3Error> {
+    let mut values = headers.get_all(name).iter().peekable();
+    if values.peek().is_none() {
         return Err(S3Error::AuthorizationHeaderMalformed(format!(
             "signed header {name} is missing"
         )));
     }
-    Ok(values.join(","))
+    for (i, v) in values.enumerate() {
+        let v = std::str::from_utf8(v.as_bytes()).map_err(|_| {
+            S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
+        })?;
+        if i > 0 {
+            out.push(',');
+        }
+        let plain = !v.contains(|c: char| c.is_whitespace() && c != ' ')
+            && !v.contains("  ")
+            && v.trim() == v;
+        if plain {
+            out.push_str(v);
+            continue;
+        }
+        for (j, word) in v.split_whitespace().enumerate() {
+            if j > 0 {
+                out.push(' ');
+            }
+            out.push_str(word);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
