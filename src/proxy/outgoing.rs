@@ -147,7 +147,7 @@ impl Proxy {
         };
         let frames = match payload {
             Payload::Sha256(h) => {
-                out.payload = UpstreamPayload::Sha256Hex(hex::encode(h));
+                out.payload = UpstreamPayload::Sha256Hex(crate::s3::sigv4::hex_lower(h));
                 body::sha256_checked(body::incoming(incoming, self.body_idle), *h)
             }
             _ => {

@@ -89,7 +89,7 @@ pub struct Signing {
 impl Signing {
     /// HMAC-SHA256 of `string_to_sign` with the signing key, as lowercase hex.
     pub fn sign(&self, string_to_sign: &str) -> String {
-        hex::encode(hmac(&self.key, string_to_sign.as_bytes()))
+        super::sigv4::hex_lower(&hmac(&self.key, string_to_sign.as_bytes()))
     }
 }
 

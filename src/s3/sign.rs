@@ -6,7 +6,9 @@
 
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
-use super::sigv4::{Head, amz_date, canonical_request, hmac, signing_key, string_to_sign};
+use super::sigv4::{
+    Head, amz_date, canonical_request, hex_lower, hmac, signing_key, string_to_sign,
+};
 use http::{HeaderMap, HeaderValue};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -73,7 +75,7 @@ impl HeaderSigner {
         };
         let canonical = canonical_request(&head, &names, false, Some(payload))?;
         let scope = format!("{day}/{}/s3/aws4_request", self.region);
-        let signature = hex::encode(hmac(
+        let signature = hex_lower(&hmac(
             &self.key(day),
             string_to_sign(&date, &scope, &canonical).as_bytes(),
         ));

@@ -32,7 +32,18 @@ pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
 }
 
 pub fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
+    hex_lower(&Sha256::digest(data))
+}
+
+/// Lowercase hex, by table: hashes and signatures, several per request.
+pub fn hex_lower(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 15)]);
+    }
+    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// The SigV4 signing key for `date` (YYYYMMDD), `region` and `service`.
@@ -119,6 +130,11 @@ pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
 /// The canonical URI: the decoded path re-encoded with SigV4's rules
 /// (S3 does not normalise `.` or `//`).
 pub fn canonical_uri(raw_path: &str) -> String {
+    // Most paths need no work: nothing encoded, nothing to encode.
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._~/".contains(&b);
+    if !raw_path.is_empty() && raw_path.bytes().all(plain) {
+        return raw_path.to_string();
+    }
     let decoded = percent_decode_str(raw_path).collect::<Vec<u8>>();
     let decoded = String::from_utf8_lossy(&decoded);
     let enc = utf8_percent_encode(&decoded, PATH).to_string();
@@ -242,7 +258,15 @@ mod tests {
     }
 
     #[test]
+    fn hex_is_lowercase_hex() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(hex_lower(&all), hex::encode(&all));
+    }
+
+    #[test]
     fn canonical_forms() {
+        assert_eq!(canonical_uri("/b/plain-key_1.txt~"), "/b/plain-key_1.txt~");
+        assert_eq!(canonical_uri(""), "/");
         assert_eq!(canonical_uri("/b/a%20b/c~d"), "/b/a%20b/c~d");
         assert_eq!(canonical_uri("/b/a+b"), "/b/a%2Bb");
         let q = decode_query(Some("uploads&b=2&a=x%2Fy"));
