@@ -37,8 +37,21 @@ def pooled(rs):
         "mib_s": ok * SIZES[rs[0]["size_name"]] / (1 << 20) / secs if secs else 0.0,
         "p99": statistics.median(r["p99_ms"] for r in rs),
         "errors": sum(r["errors"] for r in rs),
+        "cpu": cpu_per_request(rs),
         "rounds": len(rs),
     }
+
+
+def cpu_per_request(rs):
+    """The proxy's CPU µs per request over all rounds (None: no proxy)."""
+    weighted = [(r["proxy_cpu_us_per_req"], r["ok"] + r["errors"]) for r in rs
+                if r.get("proxy_cpu_us_per_req") is not None]
+    n = sum(w for _, w in weighted)
+    return sum(c * w for c, w in weighted) / n if n else None
+
+
+def us(v):
+    return "" if v is None else f"{v:.1f}"
 
 
 def main():
@@ -51,8 +64,9 @@ def main():
     stats = {k: pooled(v) for k, v in runs.items()}
     head = (
         "| backend | size | c | direct req/s | direct MiB/s | nginx/direct thr | fencegate/direct thr "
-        "| direct p99 ms | nginx/direct p99 | fencegate/direct p99 | errors |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| direct p99 ms | nginx/direct p99 | fencegate/direct p99 "
+        "| nginx CPU µs/req | fencegate CPU µs/req | errors |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for b, s, c in cells:
@@ -65,7 +79,8 @@ def main():
         rows.append(
             f"| {b} | {s} | {c} | {d['req_s']:.1f} | {d['mib_s']:.1f} "
             f"| {n['req_s'] / d['req_s']:.2f} | {f['req_s'] / d['req_s']:.2f} "
-            f"| {d['p99']:.2f} | {n['p99'] / d['p99']:.2f} | {f['p99'] / d['p99']:.2f} | {errors} |"
+            f"| {d['p99']:.2f} | {n['p99'] / d['p99']:.2f} | {f['p99'] / d['p99']:.2f} "
+            f"| {us(n['cpu'])} | {us(f['cpu'])} | {errors} |"
         )
     extra = []
     for r in other:
