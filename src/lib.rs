@@ -19,7 +19,6 @@
 //!   records one.
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
-//! - [`logging`]: log lines to stderr in batches, by a thread of their own.
 //!
 //! The fence (→ config, metric_names):
 //!
@@ -96,7 +95,6 @@ pub mod cli;
 pub mod config;
 pub mod fence;
 pub mod locks;
-pub mod logging;
 pub mod metric_names;
 pub mod proxy;
 pub mod s3;

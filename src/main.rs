@@ -164,12 +164,21 @@ fn merge(a: ServeArgs, b: ServeArgs) -> ServeArgs {
     }
 }
 
-/// Log lines go to stderr in batches (`fencegate::logging`); the guard
-/// writes out what is pending when `serve` returns.
-fn init_logging(format: LogFormat, level: &str) -> fencegate::logging::LogGuard {
+/// Log lines go to stderr from a thread of their own (tracing-appender),
+/// through a buffer written out whenever the queue is drained: no write on
+/// the request path, one write for many lines under load. Never lossy: when
+/// stderr cannot keep up, requests wait for the queue rather than lines
+/// being dropped. The guard writes out what is left when `serve` returns.
+fn init_logging(format: LogFormat, level: &str) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let (writer, guard) = fencegate::logging::batched(std::io::stderr());
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("fencegate-log")
+        .finish(std::io::BufWriter::with_capacity(
+            64 << 10,
+            std::io::stderr(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
