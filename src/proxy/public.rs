@@ -31,6 +31,10 @@ use http_body_util::BodyExt;
 /// Headers of fencegate's own error answers that a page may read.
 const OWN_EXPOSED: &str = "x-fencing-highest-token, x-amz-request-id";
 
+/// How long an error answer waits for the backend's CORS rules: an error
+/// must not wait for a backend that is itself the problem.
+const CORS_ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Proxy {
     /// `OPTIONS`: the preflight's own headers, to the bucket and key as
     /// fencegate reads them, unsigned; the backend's answer as it is.
@@ -103,7 +107,7 @@ impl Proxy {
     pub(super) async fn cors_for_error(&self, ctx: &RequestCtx) -> Option<HeaderMap> {
         let origin = ctx.origin.clone()?;
         let method = HeaderValue::from_str(ctx.method.as_str()).ok()?;
-        if ctx.method == Method::OPTIONS {
+        if ctx.method == Method::OPTIONS || ctx.decision == "upstream_error" {
             return None;
         }
         let mut headers = HeaderMap::new();
@@ -116,11 +120,15 @@ impl Proxy {
             Vec::new(),
             headers,
         );
-        let resp = self.upstream.send(ask).await.ok()?;
-        let (parts, body) = resp.into_parts();
-        let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
-        // Read to the end, so the connection goes back to the pool.
-        let _ = read_small_body(body, 64 << 10).await;
+        let asked = async {
+            let resp = self.upstream.send(ask).await.ok()?;
+            let (parts, body) = resp.into_parts();
+            let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
+            // Read to the end, so the connection goes back to the pool.
+            let _ = read_small_body(body, 64 << 10).await;
+            Some(parts)
+        };
+        let parts = tokio::time::timeout(CORS_ASK_TIMEOUT, asked).await.ok()??;
         if !parts.status.is_success() {
             return None;
         }
