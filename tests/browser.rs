@@ -153,29 +153,6 @@ fn visit(fg: &str, key: &str, allow: impl FnOnce(&str)) -> serde_json::Value {
     serde_json::from_str(&report).unwrap()
 }
 
-async fn allow_origin(c: &aws_sdk_s3::Client, origin: &str) {
-    use aws_sdk_s3::types::{CorsConfiguration, CorsRule};
-    let rule = CorsRule::builder()
-        .allowed_origins(origin)
-        .allowed_methods("GET")
-        .allowed_methods("PUT")
-        .allowed_methods("HEAD")
-        .allowed_headers("*")
-        .expose_headers("ETag")
-        .build()
-        .unwrap();
-    let cors = CorsConfiguration::builder()
-        .cors_rules(rule)
-        .build()
-        .unwrap();
-    c.put_bucket_cors()
-        .bucket("demo")
-        .cors_configuration(cors)
-        .send()
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_browser_uploads_through_a_presigned_url_and_reads_a_stale_refusal() {
     let garage = Garage::start();
@@ -186,7 +163,7 @@ async fn a_browser_uploads_through_a_presigned_url_and_reads_a_stale_refusal() {
 
     let report = tokio::task::block_in_place(|| {
         visit(&endpoint, "page.txt", |origin| {
-            handle.block_on(allow_origin(&c, origin))
+            handle.block_on(common::allow_cors(&c, origin, &["GET", "PUT", "HEAD"]))
         })
     });
     assert_eq!(report["error"], serde_json::Value::Null, "{report}");

@@ -163,22 +163,10 @@ async fn anonymous_requests_are_refused_by_default() {
 
 #[tokio::test]
 async fn preflights_reach_the_backend_and_own_errors_carry_only_the_origins_it_allows() {
-    use aws_sdk_s3::types::{CorsConfiguration, CorsRule};
     let run = common::Store::Garage.start("");
     let base = run.fg.endpoint();
     let c = common::sdk(&base);
-    let rule = CorsRule::builder()
-        .allowed_origins("http://app.example")
-        .allowed_methods("PUT")
-        .allowed_headers("*")
-        .build()
-        .unwrap();
-    let cors = CorsConfiguration::builder()
-        .cors_rules(rule)
-        .build()
-        .unwrap();
-    let put_cors = c.put_bucket_cors().bucket("demo").cors_configuration(cors);
-    put_cors.send().await.unwrap();
+    common::allow_cors(&c, "http://app.example", &["PUT"]).await;
     common::put_with_token(&c, "k", "v5", 5).await.unwrap();
     let allow = "access-control-allow-origin";
 

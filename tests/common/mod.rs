@@ -142,6 +142,23 @@ impl Store {
     }
 }
 
+/// Gives bucket `demo` one CORS rule: `origin` may use `methods` with any
+/// request header, and read `ETag`.
+pub async fn allow_cors(c: &aws_sdk_s3::Client, origin: &str, methods: &[&str]) {
+    use aws_sdk_s3::types::{CorsConfiguration, CorsRule};
+    let mut rule = CorsRule::builder()
+        .allowed_origins(origin)
+        .allowed_headers("*")
+        .expose_headers("ETag");
+    for m in methods {
+        rule = rule.allowed_methods(*m);
+    }
+    let rule = rule.build().unwrap();
+    let cors = CorsConfiguration::builder().cors_rules(rule).build();
+    let put = c.put_bucket_cors().bucket("demo");
+    put.cors_configuration(cors.unwrap()).send().await.unwrap();
+}
+
 /// Creates `bucket` unless the store already has it.
 pub async fn ensure_bucket(c: &aws_sdk_s3::Client, bucket: &str) {
     if let Err(e) = c.create_bucket().bucket(bucket).send().await {
