@@ -417,3 +417,41 @@ async fn a_query_parameter_given_twice_is_refused() {
     );
     assert!(!saw_key(&be.events(), "demo/k"));
 }
+
+/// A client that leaves mid-exchange does not take the write's place with
+/// it: the rest of the exchange goes on without the client (before the
+/// answer's head, and after an early head), and a newer token waits for it.
+#[tokio::test]
+async fn a_client_that_leaves_does_not_free_its_writes_place() {
+    for early in [false, true] {
+        let be = TestBackend::start().await;
+        be.stall_after_body(33);
+        if early {
+            be.answer_early(33);
+        }
+        let fg = Fencegate::start(be.as_fencegate_backend(), "");
+        let raw = Arc::new(RawClient::new(&fg.endpoint()));
+        let r33 = {
+            let raw = raw.clone();
+            tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "old").token(33)).await })
+        };
+        be.wait_body_complete(33).await;
+        // The client leaves: its connection is dropped.
+        r33.abort();
+        let _ = r33.await;
+        let r34 = {
+            let raw = raw.clone();
+            tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "new").token(34)).await })
+        };
+        // Widen the window for a broken hold; the assertion is about order.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !be.started(34),
+            "early head {early}: 34 forwarded while 33 could still land: {:?}",
+            be.events()
+        );
+        be.release(33);
+        assert_eq!(r34.await.unwrap().unwrap().status, 200);
+        assert_eq!(be.object("demo", "k").unwrap(), "new");
+    }
+}
