@@ -9,11 +9,11 @@ use super::query::query_param;
 use crate::config::Credential;
 use http::HeaderMap;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub use super::sigv4::{Head, canonical_request};
-use super::sigv4::{hmac, parse_amz_date, same_signature, signing_key, string_to_sign};
+use super::sigv4::{KeyCache, hmac, parse_amz_date, same_signature, signing_key, string_to_sign};
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
 // (`tests/parsers.rs`) name them here.
@@ -99,28 +99,19 @@ pub struct Credentials {
     by_key: HashMap<String, Known>,
 }
 
-/// One credential and the signing key last derived for it. A client signs
-/// with one scope (day, region, service) for a whole day, so remembering the
-/// last key saves four HMACs on every request but the first of the day.
-/// (Test: `tests::remembered_signing_key_follows_the_scope` below.)
+/// One credential and the signing key last derived for it (test:
+/// `tests::remembered_signing_key_follows_the_scope` below).
 struct Known {
     credential: Arc<Credential>,
-    last_key: Mutex<Option<(String, [u8; 32])>>,
+    last_key: KeyCache,
 }
 
 impl Known {
     /// The key for `scope` (`date/region/service/aws4_request`, as the
     /// request's credential names it).
     fn signing_key(&self, scope: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
-        let mut last = self.last_key.lock().unwrap_or_else(|p| p.into_inner());
-        match &*last {
-            Some((s, key)) if s == scope => *key,
-            _ => {
-                let key = signing_key(&self.credential.secret_access_key, date, region, service);
-                *last = Some((scope.to_string(), key));
-                key
-            }
-        }
+        let secret = &self.credential.secret_access_key;
+        (self.last_key).get(scope, || signing_key(secret, date, region, service))
     }
 }
 
@@ -132,7 +123,7 @@ impl Credentials {
                 .map(|c| {
                     let known = Known {
                         credential: Arc::new(c.clone()),
-                        last_key: Mutex::new(None),
+                        last_key: KeyCache::default(),
                     };
                     (c.access_key_id.clone(), known)
                 })

@@ -7,10 +7,9 @@
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use super::sigv4::{
-    Head, amz_date, canonical_request, hex_lower, hmac, signing_key, string_to_sign,
+    Head, KeyCache, amz_date, canonical_request, hex_lower, hmac, signing_key, string_to_sign,
 };
 use http::{HeaderMap, HeaderValue};
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One backend credential, and the key last derived for it.
@@ -18,8 +17,8 @@ pub struct HeaderSigner {
     access_key: String,
     secret_key: String,
     region: String,
-    /// `(YYYYMMDD, signing key)`.
-    day_key: Mutex<Option<(String, [u8; 32])>>,
+    /// By day (`YYYYMMDD`): region and service never change here.
+    day_key: KeyCache,
 }
 
 impl HeaderSigner {
@@ -28,20 +27,7 @@ impl HeaderSigner {
             access_key: access_key.into(),
             secret_key: secret_key.into(),
             region: region.into(),
-            day_key: Mutex::new(None),
-        }
-    }
-
-    fn key(&self, day: &str) -> [u8; 32] {
-        // Held for a compare, or four HMACs once a day.
-        let mut last = self.day_key.lock().unwrap_or_else(|p| p.into_inner());
-        match &*last {
-            Some((d, key)) if d == day => *key,
-            _ => {
-                let key = signing_key(&self.secret_key, day, &self.region, "s3");
-                *last = Some((day.to_string(), key));
-                key
-            }
+            day_key: KeyCache::default(),
         }
     }
 
@@ -76,7 +62,9 @@ impl HeaderSigner {
         let canonical = canonical_request(&head, &names, false, Some(payload))?;
         let scope = format!("{day}/{}/s3/aws4_request", self.region);
         let signature = hex_lower(&hmac(
-            &self.key(day),
+            &(self.day_key).get(day, || {
+                signing_key(&self.secret_key, day, &self.region, "s3")
+            }),
             string_to_sign(&date, &scope, &canonical).as_bytes(),
         ));
         let authorization = format!(

@@ -54,6 +54,30 @@ pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8
     hmac(&k, b"aws4_request")
 }
 
+/// The signing key last derived for one secret, by the scope it was derived
+/// for. A scope (day, region, service) lasts a whole day, so keeping the
+/// last key saves four HMACs on every request but the first of the day.
+/// Both directions use it: verifying a client (`auth`), signing for the
+/// backend (`sign`).
+#[derive(Default)]
+pub struct KeyCache(std::sync::Mutex<Option<(String, [u8; 32])>>);
+
+impl KeyCache {
+    /// The key for `scope`, from `derive` when it is not the last one. The
+    /// lock is held for a compare, or for the derivation once a day.
+    pub fn get(&self, scope: &str, derive: impl FnOnce() -> [u8; 32]) -> [u8; 32] {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match &*last {
+            Some((s, key)) if s == scope => *key,
+            _ => {
+                let key = derive();
+                *last = Some((scope.to_string(), key));
+                key
+            }
+        }
+    }
+}
+
 /// The string SigV4 signs: the algorithm, the request's timestamp, its
 /// scope (`date/region/service/aws4_request`) and the hash of the canonical
 /// request.
