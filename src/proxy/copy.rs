@@ -38,7 +38,8 @@ impl Proxy {
             // The client gives the metadata; the token is already stamped.
             return Ok(());
         }
-        let Some(src) = &op.copy_source else {
+        // Without a stamp there is no source token to replace.
+        let (Some(src), Some(stamp)) = (&op.copy_source, &self.stamp_header) else {
             return Ok(());
         };
         let head = Outgoing {
@@ -68,8 +69,7 @@ impl Proxy {
                 out.headers.insert(*name, v.clone());
             }
         }
-        // Only called with stamping on.
-        let stamp = self.stamp_header.as_ref().map_or("", |h| h.as_str());
+        let stamp = stamp.as_str();
         let client_meta: Vec<_> = out
             .headers
             .keys()

@@ -217,7 +217,7 @@ impl Proxy {
                     ctx.highest = Some(*highest);
                 }
                 let (mut parts, b) = e.to_response(&ctx.path, &ctx.request_id).into_parts();
-                if let Some(cors) = self.cors_for_error(&ctx).await {
+                if let Some(cors) = self.cors_for_error(&ctx, &e).await {
                     parts.headers.extend(cors);
                 }
                 Response::from_parts(parts, full(b))
@@ -265,7 +265,7 @@ impl Proxy {
         let mut out = self.upstream_request(&head, &admitted, incoming)?;
         let mut permits: Vec<Arc<Permit>> = admitted.fenced.permit.iter().cloned().collect();
         match admitted.op.op {
-            Op::CopyObject if admitted.fenced.token.is_some() && self.stamp_header.is_some() => {
+            Op::CopyObject if admitted.fenced.token.is_some() => {
                 self.keep_source_metadata(&mut out, &head.headers, &admitted.op)
                     .await?
             }

@@ -104,12 +104,16 @@ impl Proxy {
     /// backend's preflight of the same method, bucket and key allows the
     /// request's origin, plus fencegate's own headers exposed. `None` when
     /// the request is not cross-origin or the backend allows nothing.
-    pub(super) async fn cors_for_error(&self, ctx: &RequestCtx) -> Option<HeaderMap> {
-        let origin = ctx.origin.clone()?;
-        let method = HeaderValue::from_str(ctx.method.as_str()).ok()?;
-        if ctx.method == Method::OPTIONS || ctx.decision == "upstream_error" {
+    pub(super) async fn cors_for_error(
+        &self,
+        ctx: &RequestCtx,
+        error: &S3Error,
+    ) -> Option<HeaderMap> {
+        if ctx.method == Method::OPTIONS || matches!(error, S3Error::BadGateway(_)) {
             return None;
         }
+        let origin = ctx.origin.clone()?;
+        let method = HeaderValue::from_str(ctx.method.as_str()).ok()?;
         let mut headers = HeaderMap::new();
         headers.insert(ORIGIN, origin);
         headers.insert(ACCESS_CONTROL_REQUEST_METHOD, method);
