@@ -34,3 +34,10 @@ pub const CACHED_FENCES: &str = "fencegate_cached_fences";
 /// after a complete body): their resource was closed to newer tokens for
 /// `fence.quarantine_ms`.
 pub const QUARANTINES: &str = "fencegate_quarantines_total";
+
+/// Cluster mode: requests fencegate sent etcd, by `op` (admit, deregister,
+/// watch, get, lease_grant, keep_alive, ...).
+pub const ETCD_REQUESTS: &str = "fencegate_etcd_requests_total";
+/// Cluster mode: 1 while this replica's lease is surely alive, 0 while it
+/// is not (then no write is admitted here).
+pub const CLUSTER_LEASE_FRESH: &str = "fencegate_cluster_lease_fresh";

@@ -127,7 +127,10 @@ pub struct Services {
 /// Start-up: the fence store and gate, the metrics recorder, eager fencing,
 /// the backend, the S3 and admin services. Nothing is listening yet.
 pub async fn start(cfg: &Config) -> Result<Services, StartError> {
-    let gate = open_gate(cfg)?;
+    let gate = match &cfg.cluster {
+        Some(c) => shared_gate(cfg, c).await?,
+        None => open_gate(cfg)?,
+    };
     let metrics = match crate::admin::metrics::install() {
         Ok(h) => Some(h),
         Err(e) => {
@@ -202,6 +205,26 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
         gate.set_ordered(false);
     }
     Ok(Arc::new(gate))
+}
+
+/// Cluster mode: no fence file; the gate shares its table and barrier with
+/// the other replicas through etcd, and follows their raises.
+async fn shared_gate(
+    cfg: &Config,
+    c: &crate::config::ClusterConfig,
+) -> Result<Arc<Gate>, StartError> {
+    let cluster = crate::fence::cluster::Cluster::start(c)
+        .await
+        .map_err(StartError)?;
+    let mut gate = Gate::shared(cluster, cfg.admission_wait());
+    gate.set_max_slots(cfg.fence.max_cached_resources);
+    if std::env::var("FENCEGATE_UNSAFE_UNORDERED").as_deref() == Ok("1") {
+        tracing::warn!("FENCEGATE_UNSAFE_UNORDERED=1: the ordering barrier is OFF (debug only)");
+        gate.set_ordered(false);
+    }
+    let gate = Arc::new(gate);
+    gate.follow_cluster();
+    Ok(gate)
 }
 
 /// The two bound ports.

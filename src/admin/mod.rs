@@ -85,6 +85,12 @@ impl Admin {
     }
 
     async fn ready(&self) -> Response<ProxyBody> {
+        if let Some(why) = self.gate.not_ready() {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "not ready", "cluster": why}),
+            );
+        }
         if let Err(e) = self.gate.store().get("").await {
             return json(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -207,7 +213,7 @@ impl Admin {
                        "error": "a fence is never lowered"}),
             ),
             Err(e) => json(
-                StatusCode::INTERNAL_SERVER_ERROR,
+                StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": e.to_string()}),
             ),
         }

@@ -35,6 +35,33 @@ pub struct Config {
     pub locks: LocksConfig,
     /// Resources whose fence follows a lock (eager fencing).
     pub eager: Vec<EagerConfig>,
+    /// Cluster mode: fences shared with other replicas through etcd.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: run as one of several interchangeable replicas whose fence
+/// table and ordering barrier live in etcd (docs/cluster.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// etcd client URLs, `http://host:port`.
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix in etcd of this deployment's fences and registrations.
+    pub prefix: String,
+    /// Lease of this replica's in-flight registrations: how long newer
+    /// writes wait for a replica that died mid-write. Rounded up to whole
+    /// seconds (etcd's unit).
+    pub replica_ttl_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            etcd_endpoints: Vec::new(),
+            prefix: "fencegate/".into(),
+            replica_ttl_ms: 5000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,6 +288,7 @@ impl Default for Config {
             log: LogConfig::default(),
             locks: Default::default(),
             eager: Vec::new(),
+            cluster: None,
         }
     }
 }
@@ -367,6 +395,9 @@ impl Config {
         validate::backend(&self.backend)?;
         validate::credentials(&self.credentials, &self.server)?;
         validate::rules(&self.rules)?;
+        if let Some(c) = &self.cluster {
+            validate::cluster(c, &self.backend)?;
+        }
         locks::validate(&self.locks, &self.eager)
     }
 
@@ -414,6 +445,26 @@ mod tests {
         let cfg = Config::parse("[server]\nlisten = \"0.0.0.0:9000\"\n").unwrap();
         let e = cfg.validate().unwrap_err();
         assert!(e.to_string().contains("server.listen"), "{e}");
+    }
+
+    #[test]
+    fn cluster_needs_a_shared_backend_and_etcd() {
+        let e = Config::parse("[cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("backend.kind"), "{e}");
+        let s3 = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:1\"\n";
+        let e = Config::parse(&format!("{s3}[cluster]\n"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("cluster.etcd_endpoints"), "{e}");
+        let ok = format!("{s3}[cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n");
+        let cfg = Config::parse(&ok).unwrap();
+        cfg.validate().unwrap();
+        let c = cfg.cluster.unwrap();
+        assert_eq!((c.prefix.as_str(), c.replica_ttl_ms), ("fencegate/", 5000));
     }
 
     #[test]

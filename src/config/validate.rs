@@ -4,8 +4,8 @@
 //! `locks.rs`, beside their schema.
 
 use super::{
-    BackendConfig, BackendKind, ConfigError, Credential, DEMO_ACCESS_KEY, DEMO_SECRET_KEY,
-    FenceConfig, RuleConfig, RuleMode, ServerConfig, err,
+    BackendConfig, BackendKind, ClusterConfig, ConfigError, Credential, DEMO_ACCESS_KEY,
+    DEMO_SECRET_KEY, FenceConfig, RuleConfig, RuleMode, ServerConfig, err,
 };
 use std::collections::HashSet;
 
@@ -184,6 +184,42 @@ pub(super) fn rules(rules: &[RuleConfig]) -> Result<(), ConfigError> {
                 "duplicate rule for this bucket and prefix",
             ));
         }
+    }
+    Ok(())
+}
+
+/// `[cluster]`: etcd endpoints, a prefix, a lease etcd can keep, and a
+/// backend every replica shares.
+pub(super) fn cluster(cluster: &ClusterConfig, backend: &BackendConfig) -> Result<(), ConfigError> {
+    if backend.kind == BackendKind::Embedded {
+        return Err(err(
+            "backend.kind",
+            "[cluster] needs a backend the replicas share (kind = \"s3\"): with the \
+             embedded store each replica would hold its own objects",
+        ));
+    }
+    if cluster.etcd_endpoints.is_empty() {
+        return Err(err(
+            "cluster.etcd_endpoints",
+            "must name at least one etcd endpoint",
+        ));
+    }
+    for (i, e) in cluster.etcd_endpoints.iter().enumerate() {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            return Err(err(
+                &format!("cluster.etcd_endpoints[{i}]"),
+                format!("{e:?} is not an http:// or https:// URL"),
+            ));
+        }
+    }
+    if cluster.prefix.is_empty() {
+        return Err(err("cluster.prefix", "must not be empty"));
+    }
+    if cluster.replica_ttl_ms < 2000 {
+        return Err(err(
+            "cluster.replica_ttl_ms",
+            "must be at least 2000 (etcd's shortest lease with its default election timeout)",
+        ));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! durable store behind it, and the commit gate where a write's permit meets
 //! its body.
 
+pub mod cluster;
 pub mod commit;
 pub mod gate;
 pub mod resource;

@@ -431,7 +431,7 @@ impl Proxy {
                 .store()
                 .upload_token(&upload)
                 .await
-                .map_err(|e| S3Error::Internal(e.to_string()))?,
+                .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?,
             None => token,
         };
         ctx.token = token;
@@ -514,7 +514,7 @@ impl Proxy {
                     store
                         .record_upload(&upload, t)
                         .await
-                        .map_err(|e| S3Error::Internal(e.to_string()))?;
+                        .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?;
                 }
                 return Ok(Response::from_parts(parts, full(bytes)));
             }

@@ -60,7 +60,7 @@ impl Proxy {
     ) -> Result<Vec<Permit>, S3Error> {
         for r in resources {
             let highest = self.gate.highest(r).await;
-            if let Some(h) = highest.map_err(|e| S3Error::Internal(e.to_string()))?
+            if let Some(h) = highest.map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?
                 && token < h
             {
                 let stale = Refusal::Stale { token, highest: h };

@@ -20,6 +20,8 @@ pub enum S3Error {
     InvalidFencingToken(String),
     #[error("older writes to {0} are still finishing upstream; retry")]
     SlowDown(String),
+    #[error("{0}; retry")]
+    ServiceUnavailable(String),
 
     // Authentication and authorisation.
     #[error("{0}")]
@@ -84,12 +86,21 @@ impl S3Error {
                 resource: resource.to_string(),
             },
             Refusal::Busy => S3Error::SlowDown(resource.to_string()),
-            Refusal::Store(e) => S3Error::Internal(e.to_string()),
+            Refusal::Store(e) => S3Error::ServiceUnavailable(e.to_string()),
+            Refusal::Unavailable(e) => S3Error::ServiceUnavailable(format!(
+                "the shared fence table cannot be reached: {e}"
+            )),
         }
     }
 
     /// The answer to a write whose permit was aborted by a higher token.
     pub fn aborted(permit: &Permit, resource: &str) -> S3Error {
+        if permit.lease_lost() {
+            return S3Error::ServiceUnavailable(format!(
+                "this replica's cluster lease may have lapsed while it wrote {resource}; \
+                 the write was not completed"
+            ));
+        }
         S3Error::StaleFencingToken {
             token: permit.token(),
             highest: permit.highest(),
@@ -102,7 +113,7 @@ impl S3Error {
         match self {
             StaleFencingToken { .. } => StatusCode::CONFLICT,
             MissingFencingToken(_) => StatusCode::PRECONDITION_REQUIRED,
-            SlowDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SlowDown(_) | ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AccessDenied(_)
             | InvalidAccessKeyId
             | SignatureDoesNotMatch
@@ -137,6 +148,7 @@ impl S3Error {
             MissingFencingToken(_) => "MissingFencingToken",
             InvalidFencingToken(_) => "InvalidFencingToken",
             SlowDown(_) => "SlowDown",
+            ServiceUnavailable(_) => "ServiceUnavailable",
             AccessDenied(_) => "AccessDenied",
             InvalidAccessKeyId => "InvalidAccessKeyId",
             SignatureDoesNotMatch => "SignatureDoesNotMatch",
@@ -170,6 +182,7 @@ impl S3Error {
             MissingFencingToken(_) => "missing",
             InvalidFencingToken(_) => "invalid",
             SlowDown(_) => "busy",
+            ServiceUnavailable(_) => "unavailable",
             AccessDenied(_)
             | InvalidAccessKeyId
             | SignatureDoesNotMatch

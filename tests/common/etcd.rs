@@ -99,3 +99,147 @@ impl Drop for Etcd {
         self.stop();
     }
 }
+
+/// A 3-member etcd cluster on loopback: members can be killed and started
+/// again one by one, or all at once.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial: String,
+    dir: tempfile::TempDir,
+}
+
+struct Member {
+    name: String,
+    client: String,
+    peer: String,
+    child: Option<Child>,
+}
+
+impl EtcdCluster {
+    pub fn start() -> EtcdCluster {
+        let members: Vec<Member> = (0..3)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: format!("http://127.0.0.1:{}", free_port()),
+                peer: format!("http://127.0.0.1:{}", free_port()),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = EtcdCluster {
+            members,
+            initial,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        for i in 0..3 {
+            c.spawn(i);
+        }
+        c.wait_healthy();
+        c
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let dir = self.dir.path().join(&self.members[i].name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(
+                self.dir
+                    .path()
+                    .join(format!("{}.log", self.members[i].name)),
+            )
+            .unwrap();
+        let m = &self.members[i];
+        let child = Command::new("etcd")
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(dir)
+            .args(["--listen-client-urls", &m.client])
+            .args(["--advertise-client-urls", &m.client])
+            .args(["--listen-peer-urls", &m.peer])
+            .args(["--initial-advertise-peer-urls", &m.peer])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-state", "new"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (Debian package etcd-server)");
+        self.members[i].child = Some(child);
+    }
+
+    /// Waits until every running member answers health checks.
+    pub fn wait_healthy(&self) {
+        wait_until(60, "the etcd cluster to be healthy", || {
+            self.members
+                .iter()
+                .filter(|m| m.child.is_some())
+                .all(|m| etcdctl(&m.client, &["endpoint", "health"]).status.success())
+        });
+    }
+
+    /// The client URLs, as a TOML array.
+    pub fn endpoints_toml(&self) -> String {
+        let list: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("\"{}\"", m.client))
+            .collect();
+        format!("[{}]", list.join(", "))
+    }
+
+    pub fn endpoint(&self, i: usize) -> &str {
+        &self.members[i].client
+    }
+
+    /// The index of the current leader.
+    pub fn leader(&self) -> usize {
+        for (i, m) in self.members.iter().enumerate() {
+            let out = etcdctl(&m.client, &["endpoint", "status", "-w", "json"]);
+            let text = String::from_utf8_lossy(&out.stdout);
+            let v: serde_json::Value = match serde_json::from_str(&text) {
+                Ok(v) => v,
+                Err(_) => continue,
+            };
+            let st = &v[0]["Status"];
+            if st["header"]["member_id"] == st["leader"] {
+                return i;
+            }
+        }
+        panic!("no etcd member says it leads");
+    }
+
+    /// SIGKILL member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+    }
+
+    /// `etcdctl` against the first running member.
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        let m = self
+            .members
+            .iter()
+            .find(|m| m.child.is_some())
+            .expect("a running member");
+        etcdctl(&m.client, args)
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}

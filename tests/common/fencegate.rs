@@ -181,6 +181,17 @@ impl Fencegate {
         self.admin = admin;
     }
 
+    /// Sends `sig` (`STOP`, `CONT`...) to the process.
+    pub fn signal(&self, sig: &str) {
+        unsafe_kill(self.child.id(), sig);
+    }
+
+    /// kill -9, not started again.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM and wait; returns the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         unsafe_kill(self.child.id(), "TERM");

@@ -11,6 +11,7 @@ pub mod moto;
 pub mod postgres;
 pub mod raw;
 pub mod redis;
+pub mod relay;
 pub mod zookeeper;
 
 /// A free loopback port (bound, read, released) for a service a test starts.

@@ -15,7 +15,14 @@
 //! upstream exchange is over. The body stream calls
 //! [`Permit::body_complete`] before it lets the last bytes go, which is the
 //! point after which an abort can no longer be promised.
+//!
+//! In cluster mode (`cluster.rs`) the check, the raise and the barrier are
+//! one etcd transaction shared by every replica; the slots then only keep
+//! this replica's writes in flight (to abort them) and a hint of the fence.
 
+mod cluster;
+
+use super::cluster::{Cluster, Registration};
 use super::store::{FenceStore, StoreError};
 use crate::metric_names as m;
 use dashmap::DashMap;
@@ -34,6 +41,9 @@ pub enum Refusal {
     Busy,
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Cluster mode: etcd cannot be asked now, so nothing is admitted.
+    #[error("the shared fence table cannot be reached: {0}")]
+    Unavailable(String),
 }
 
 /// Whether the admitted request is tracked in flight.
@@ -120,6 +130,10 @@ pub struct Permit {
     id: u64,
     token: u64,
     abort: Arc<AbortSignal>,
+    /// Cluster mode: the write's registration in etcd, deleted on drop.
+    shared: Option<(Arc<Cluster>, Registration)>,
+    /// Cluster mode: failed because this replica's lease may have lapsed.
+    lease_lost: AtomicBool,
 }
 
 impl Permit {
@@ -127,8 +141,18 @@ impl Permit {
     /// the write was aborted: the caller must then fail the body instead.
     pub fn body_complete(&self) -> bool {
         let mut st = self.slot.lock();
+        let raised_past = st.highest.is_some_and(|h| h > self.token);
+        let lapsed = self
+            .shared
+            .as_ref()
+            .is_some_and(|(c, r)| !c.fresh(r.generation));
         match st.inflight.iter_mut().find(|e| e.id == self.id) {
             Some(e) if e.phase == Phase::Aborted => false,
+            Some(e) if raised_past || lapsed => {
+                e.phase = Phase::Aborted;
+                self.lease_lost.store(lapsed, Ordering::SeqCst);
+                false
+            }
             Some(e) => {
                 e.phase = Phase::BodyComplete;
                 true
@@ -154,6 +178,12 @@ impl Permit {
         self.token
     }
 
+    /// Whether the write failed because this replica's cluster lease may
+    /// have lapsed (rather than because a newer token came).
+    pub fn lease_lost(&self) -> bool {
+        self.lease_lost.load(Ordering::SeqCst)
+    }
+
     /// The resource's highest token now (for the error of an aborted write).
     pub fn highest(&self) -> u64 {
         self.slot.lock().highest.unwrap_or(self.token)
@@ -168,6 +198,9 @@ impl Drop for Permit {
         }
         metrics::gauge!(m::INFLIGHT_WRITES).decrement(1.0);
         self.slot.changed.notify_waiters();
+        if let Some((cluster, reg)) = self.shared.take() {
+            cluster.deregister(reg.key);
+        }
     }
 }
 
@@ -184,6 +217,8 @@ pub struct Gate {
     wait_bound: Duration,
     max_slots: usize,
     ordered: bool,
+    /// Cluster mode: the shared fence table and barrier.
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// Default for [`Gate::set_max_slots`].
@@ -197,6 +232,7 @@ impl Gate {
             wait_bound,
             max_slots: DEFAULT_MAX_SLOTS,
             ordered: true,
+            cluster: None,
         }
     }
 
@@ -229,8 +265,9 @@ impl Gate {
         &self.store
     }
 
-    async fn slot(&self, resource: &str) -> Result<Arc<Slot>, StoreError> {
-        let slot = match self.slots.get(resource) {
+    /// The slot of `resource`, made if missing (its fence not loaded).
+    fn cached_slot(&self, resource: &str) -> Arc<Slot> {
+        match self.slots.get(resource) {
             Some(s) => s.clone(),
             None => {
                 let slot = self.slots.entry(resource.to_string()).or_default().clone();
@@ -239,7 +276,11 @@ impl Gate {
                 }
                 slot
             }
-        };
+        }
+    }
+
+    async fn slot(&self, resource: &str) -> Result<Arc<Slot>, StoreError> {
+        let slot = self.cached_slot(resource);
         if !slot.lock().loaded {
             let _g = slot.raising.lock().await;
             if !slot.lock().loaded {
@@ -254,6 +295,9 @@ impl Gate {
 
     /// The highest token recorded for `resource`.
     pub async fn highest(&self, resource: &str) -> Result<Option<u64>, StoreError> {
+        if self.cluster.is_some() {
+            return self.store.get(resource).await;
+        }
         Ok(self.slot(resource).await?.lock().highest)
     }
 
@@ -261,6 +305,9 @@ impl Gate {
     /// writes still streaming. Refuses (without change) a token below the
     /// highest. Returns the highest afterwards.
     pub async fn raise(&self, resource: &str, token: u64) -> Result<u64, Refusal> {
+        if let Some(c) = &self.cluster {
+            return self.raise_shared(c, resource, token).await;
+        }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token).await
     }
@@ -283,21 +330,29 @@ impl Gate {
         }
         let recorded = self.store.raise(resource, token).await?;
         metrics::counter!(m::RAISES).increment(1);
+        let h = self.note_raise(slot, recorded.max(token));
+        if token < h {
+            return Err(stale(h));
+        }
+        Ok(h)
+    }
+
+    /// The fence of `slot` is at least `token` now: remember it, and tell
+    /// every lower-token write still streaming to abort. Returns the
+    /// highest known.
+    fn note_raise(&self, slot: &Slot, token: u64) -> u64 {
         let mut st = slot.lock();
-        st.highest = Some(st.highest.map_or(recorded, |h| h.max(recorded)));
+        let h = st.highest.map_or(token, |h| h.max(token));
+        st.highest = Some(h);
         if self.ordered {
             for e in st.inflight.iter_mut() {
-                if e.token < token && e.phase == Phase::Streaming {
+                if e.token < h && e.phase == Phase::Streaming {
                     e.phase = Phase::Aborted;
                     e.abort.fire();
                 }
             }
         }
-        let h = st.highest.unwrap_or(recorded);
-        if token < h {
-            return Err(stale(h));
-        }
-        Ok(h)
+        h
     }
 
     /// Admits a request carrying `token` on `resource` (see the module doc).
@@ -308,6 +363,9 @@ impl Gate {
         token: u64,
         kind: Kind,
     ) -> Result<Option<Permit>, Refusal> {
+        if let Some(c) = &self.cluster {
+            return self.admit_shared(c, resource, token, kind).await;
+        }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token).await?;
         // The common case (nothing older in flight) admits at once, without
@@ -349,22 +407,35 @@ impl Gate {
         if kind == Kind::Read {
             return Some(Ok(None));
         }
-        let id = st.next_id;
-        st.next_id += 1;
-        let abort = Arc::new(AbortSignal::default());
-        metrics::gauge!(m::INFLIGHT_WRITES).increment(1.0);
-        st.inflight.push(Entry {
-            id,
-            token,
-            phase: Phase::Streaming,
-            abort: abort.clone(),
-        });
-        Some(Ok(Some(Permit {
-            slot: slot.clone(),
-            id,
-            token,
-            abort,
-        })))
+        Some(Ok(Some(push_entry(slot, &mut st, token, None))))
+    }
+}
+
+/// Registers a write of `token` in flight in `slot` (whose state `st` is)
+/// and returns its permit.
+fn push_entry(
+    slot: &Arc<Slot>,
+    st: &mut SlotState,
+    token: u64,
+    shared: Option<(Arc<Cluster>, Registration)>,
+) -> Permit {
+    let id = st.next_id;
+    st.next_id += 1;
+    let abort = Arc::new(AbortSignal::default());
+    metrics::gauge!(m::INFLIGHT_WRITES).increment(1.0);
+    st.inflight.push(Entry {
+        id,
+        token,
+        phase: Phase::Streaming,
+        abort: abort.clone(),
+    });
+    Permit {
+        slot: slot.clone(),
+        id,
+        token,
+        abort,
+        shared,
+        lease_lost: AtomicBool::new(false),
     }
 }
 

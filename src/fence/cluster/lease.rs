@@ -1,0 +1,153 @@
+//! This replica's lease in etcd, and how sure it is that the lease still
+//! stands.
+//!
+//! etcd expires a lease `ttl` after the last keep-alive it received, and
+//! never earlier (a leader change extends leases). A keep-alive is received
+//! after it was sent, so a lease whose keep-alive sent at `s` was answered
+//! stands at least until `s + ttl` by etcd's clock. The replica counts on
+//! its own monotonic clock from `s`, keeps a margin of `ttl / 5` for the
+//! clocks' rates and for the bytes still to leave, and calls the lease
+//! fresh until `s + ttl - margin` ([`Lease::fresh`]). A paused process sees
+//! that time pass when it wakes up, before it can act on stale belief.
+
+use crate::metric_names as m;
+use etcd_client::Client;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy)]
+struct State {
+    /// The lease id, 0 when there is none.
+    id: i64,
+    /// Bumped at each new lease: a registration made under an older one
+    /// is gone with it.
+    generation: u64,
+    /// Until when the lease is surely alive, less the margin.
+    safe_until: Instant,
+}
+
+pub struct Lease {
+    ttl: Duration,
+    state: Mutex<State>,
+}
+
+impl Lease {
+    pub fn new(ttl: Duration) -> Arc<Lease> {
+        Arc::new(Lease {
+            ttl,
+            state: Mutex::new(State {
+                id: 0,
+                generation: 0,
+                safe_until: Instant::now(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every critical section is a copy or a few stores: poisoning is
+        // harmless.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn margin(ttl: Duration) -> Duration {
+        ttl / 5
+    }
+
+    /// The current lease and its generation, when it is fresh.
+    pub fn current(&self) -> Option<(i64, u64)> {
+        let st = *self.lock();
+        (st.id != 0 && Instant::now() < st.safe_until).then_some((st.id, st.generation))
+    }
+
+    /// Whether the lease of `generation` is the current one and surely
+    /// still alive in etcd.
+    pub fn fresh(&self, generation: u64) -> bool {
+        self.current().is_some_and(|(_, g)| g == generation)
+    }
+
+    /// A keep-alive sent at `sent` was answered with `ttl` left.
+    fn renewed(&self, id: i64, sent: Instant, ttl: Duration) {
+        let mut st = self.lock();
+        if st.id == id {
+            st.safe_until = sent + ttl - Self::margin(ttl);
+        }
+        metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(1.0);
+    }
+
+    fn lost(&self, why: &str) {
+        let mut st = self.lock();
+        if st.id != 0 {
+            tracing::warn!(
+                lease = st.id,
+                "cluster lease lost: {why}; writes in flight here fail"
+            );
+        }
+        st.id = 0;
+        metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(0.0);
+    }
+
+    /// Grants a lease and keeps it alive every `ttl / 5`, for as long as the
+    /// process runs. A lease that cannot be renewed in time is given up and
+    /// a new one granted: writes registered under the old one fail.
+    pub async fn keep(self: Arc<Self>, client: Client) {
+        let secs = self.ttl.as_millis().div_ceil(1000).max(1) as i64;
+        let every = self.ttl / 5;
+        loop {
+            let sent = Instant::now();
+            let mut lc = client.lease_client();
+            let granted = match super::call("lease_grant", lc.grant(secs, None)).await {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!("cluster: cannot get a lease: {e}");
+                    tokio::time::sleep(every).await;
+                    continue;
+                }
+            };
+            let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+            {
+                let mut st = self.lock();
+                st.id = granted.id();
+                st.generation += 1;
+                st.safe_until = sent + ttl - Self::margin(ttl);
+            }
+            metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(1.0);
+            let why = self.renew(&client, granted.id(), ttl, every).await;
+            self.lost(&why);
+        }
+    }
+
+    /// Renews lease `id` until that fails past its freshness; says why.
+    async fn renew(&self, client: &Client, id: i64, ttl: Duration, every: Duration) -> String {
+        let mut stream = None;
+        loop {
+            tokio::time::sleep(every).await;
+            if self.current().is_none() {
+                return "no keep-alive answered in time".into();
+            }
+            if stream.is_none() {
+                let mut lc = client.lease_client();
+                match super::call("keep_alive", lc.keep_alive(id)).await {
+                    Ok(s) => stream = Some(s),
+                    Err(e) => {
+                        tracing::debug!("cluster: keep-alive stream: {e}");
+                        continue;
+                    }
+                }
+            }
+            let (keeper, answers) = stream.as_mut().expect("just set");
+            let sent = Instant::now();
+            let answer = tokio::time::timeout(every.max(Duration::from_millis(500)), async {
+                keeper.keep_alive().await?;
+                answers.message().await
+            })
+            .await;
+            match answer {
+                Ok(Ok(Some(a))) if a.ttl() > 0 => {
+                    self.renewed(id, sent, ttl.min(Duration::from_secs(a.ttl() as u64)));
+                }
+                Ok(Ok(Some(_))) => return "etcd says the lease has expired".into(),
+                _ => stream = None,
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! A TCP relay the test can freeze: bytes stop moving both ways while the
+//! connections stay open, as in a network partition (no reset, no FIN).
+//! Put between a fencegate replica and etcd, it cuts that replica off
+//! from etcd and nothing else.
+
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct Relay {
+    pub addr: SocketAddr,
+    frozen: watch::Sender<bool>,
+}
+
+impl Relay {
+    /// Relays a fresh loopback port to `target` (`host:port`). It runs on
+    /// a thread of its own, so a test that blocks its own thread (waiting
+    /// for a process) does not stop the relay.
+    pub fn start(target: &str) -> Relay {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let (frozen, rx) = watch::channel(false);
+        let target = target.to_string();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(std_listener).unwrap();
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = TcpStream::connect(&target).await else {
+                        continue;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(pump(cr, sw, rx.clone()));
+                    tokio::spawn(pump(sr, cw, rx.clone()));
+                }
+            });
+        });
+        Relay { addr, frozen }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn freeze(&self, on: bool) {
+        self.frozen.send_replace(on);
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Bytes read just before a freeze wait for the thaw too.
+        if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
