@@ -111,6 +111,14 @@ pub enum FencesAction {
     Get { resource: String },
     /// Raise a resource's fence by hand (revokes holders below TOKEN).
     Raise { resource: String, token: u64 },
+    /// Print every fence as JSON lines: from the running node at --admin
+    /// if given, else straight from the store the config names (etcd with
+    /// [cluster], else fences.redb of a stopped node).
+    Export,
+    /// Raise the config's store (etcd with [cluster], else fences.redb of a
+    /// stopped node) to every fence in FILE (JSON lines, as export prints
+    /// them; `-` for stdin). Never lowers a fence.
+    Import { file: PathBuf },
 }
 
 #[derive(Debug, Clone, Args, Default)]

@@ -57,6 +57,15 @@ fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match f.action {
+        FencesAction::Export => return rt.block_on(export(&cfg, f.admin.as_deref())),
+        FencesAction::Import { file } => return rt.block_on(import(&cfg, &file)),
+        _ => {}
+    }
     let base = f
         .admin
         .unwrap_or_else(|| format!("http://{}", cfg.server.admin_listen));
@@ -75,16 +84,74 @@ fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
         },
         FencesAction::Get { resource } => FenceCommand::Get { resource },
         FencesAction::Raise { resource, token } => FenceCommand::Raise { resource, token },
+        FencesAction::Export | FencesAction::Import { .. } => unreachable!("handled above"),
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     match rt.block_on(client::run(&base, token.as_deref(), cmd)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("fencegate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fencegate fences export`: JSON lines on stdout, a count on stderr.
+async fn export(cfg: &fencegate::config::Config, admin: Option<&str>) -> ExitCode {
+    use fencegate::admin::{client, transfer};
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let done = match admin {
+        Some(base) => client::export(base, &mut out).await,
+        None => match transfer::open_store(cfg).await {
+            Ok(store) => transfer::export(store.as_ref(), &mut out).await,
+            Err(e) => Err(e),
+        },
+    };
+    let flushed = std::io::Write::flush(&mut out).map_err(|e| e.to_string());
+    match done.and_then(|n| flushed.map(|()| n)) {
+        Ok(n) => {
+            eprintln!("fencegate: exported {n} fences");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fencegate fences export: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fencegate fences import FILE`.
+async fn import(cfg: &fencegate::config::Config, file: &std::path::Path) -> ExitCode {
+    use fencegate::admin::transfer;
+    let input: Box<dyn std::io::BufRead> = if file.as_os_str() == "-" {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        match std::fs::File::open(file) {
+            Ok(f) => Box::new(std::io::BufReader::new(f)),
+            Err(e) => {
+                eprintln!("fencegate fences import: {}: {e}", file.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let mut input = input;
+    let store = match transfer::open_store(cfg).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fencegate fences import: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match transfer::import(store.as_ref(), &mut input).await {
+        Ok(d) => {
+            eprintln!(
+                "fencegate: imported {} fences ({} were already higher)",
+                d.fences, d.already
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fencegate fences import: {e}");
             ExitCode::FAILURE
         }
     }

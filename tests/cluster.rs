@@ -472,3 +472,102 @@ async fn with_etcd_down_fenced_requests_get_503_and_tokenless_reads_pass() {
         .unwrap();
     assert_eq!(r.status, 409);
 }
+
+/// `fencegate fences export` / `import` with `args`; the output on success.
+fn fences(config: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec!["fences"];
+    all.extend_from_slice(args);
+    let out = common::fencegate::run_bin(config, &all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fences {args:?}: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_single_node_moves_into_the_cluster_and_back_without_losing_a_fence() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let mut node = Fencegate::start(backend.clone(), "");
+    let raw = RawClient::new(&node.endpoint());
+    for (key, t) in [("k", 10), ("j", 5)] {
+        let r = raw
+            .send(RawRequest::put(&format!("/demo/{key}"), "v").token(t))
+            .await;
+        assert_eq!(r.unwrap().status, 200);
+    }
+    // A tool config naming the cluster (the same file the replicas use).
+    let dir = tempfile::tempdir().unwrap();
+    let cluster_cfg = dir.path().join("cluster.toml");
+    let Backend::S3 { endpoint, .. } = &backend else {
+        unreachable!()
+    };
+    std::fs::write(
+        &cluster_cfg,
+        format!(
+            "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\n\n{}",
+            cluster_toml(&etcd.endpoints_toml(), 8000, TTL_MS)
+        ),
+    )
+    .unwrap();
+
+    // 1. While the node serves: export through its admin API, import.
+    let first = dir.path().join("first.jsonl");
+    let admin = format!("http://{}", node.admin);
+    std::fs::write(
+        &first,
+        fences(node.config_path(), &["--admin", &admin, "export"]),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(&first).unwrap().lines().count(), 2);
+    fences(&cluster_cfg, &["import", first.to_str().unwrap()]);
+    // The node goes on taking writes meanwhile.
+    let r = raw.send(RawRequest::put("/demo/k", "v12").token(12)).await;
+    assert_eq!(r.unwrap().status, 200);
+    // 2. Stop it, import its final store (only the raise of k is new).
+    node.terminate();
+    let last = dir.path().join("last.jsonl");
+    std::fs::write(&last, fences(node.config_path(), &["export"])).unwrap();
+    fences(&cluster_cfg, &["import", last.to_str().unwrap()]);
+
+    // 3. The replicas know every fence the node had.
+    let fg = replicas(&backend, &etcd.endpoints_toml(), 2);
+    let a = RawClient::new(&fg[0].endpoint());
+    let b = RawClient::new(&fg[1].endpoint());
+    let r = a
+        .send(RawRequest::put("/demo/k", "x").token(11))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.code()),
+        (409, Some("StaleFencingToken")),
+        "{}",
+        r.body
+    );
+    let r = b
+        .send(RawRequest::put("/demo/j", "x").token(4))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(
+        b.send(RawRequest::put("/demo/k", "x").token(13))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    // And back: from etcd into a single node's store.
+    let back = dir.path().join("back.jsonl");
+    std::fs::write(&back, fences(&cluster_cfg, &["export"])).unwrap();
+    let mut single = Fencegate::start(backend.clone(), "");
+    single.terminate();
+    fences(single.config_path(), &["import", back.to_str().unwrap()]);
+    single.kill9_and_restart();
+    let s = RawClient::new(&single.endpoint());
+    let r = s
+        .send(RawRequest::put("/demo/k", "x").token(12))
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.code()), (409, Some("StaleFencingToken")));
+}

@@ -58,6 +58,24 @@ pub async fn run(base: &str, token: Option<&str>, cmd: FenceCommand) -> Result<b
             Some(format!("{{\"token\":{token}}}")),
         ),
     };
+    let (status, body) = request(base, token, method, &path, body).await?;
+    let text = String::from_utf8_lossy(&body);
+    if status.is_success() {
+        println!("{text}");
+    } else {
+        eprintln!("{status}: {text}");
+    }
+    Ok(status.is_success())
+}
+
+/// One call to the admin API: status and body.
+async fn request(
+    base: &str,
+    token: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Option<String>,
+) -> Result<(http::StatusCode, Bytes), String> {
     let mut req = Request::builder()
         .method(method)
         .uri(format!("{base}{path}"))
@@ -73,7 +91,6 @@ pub async fn run(base: &str, token: Option<&str>, cmd: FenceCommand) -> Result<b
         .request(req)
         .await
         .map_err(|e| format!("cannot reach the admin API at {base}: {e}"))?;
-    let ok = resp.status().is_success();
     let status = resp.status();
     let body = resp
         .into_body()
@@ -81,11 +98,34 @@ pub async fn run(base: &str, token: Option<&str>, cmd: FenceCommand) -> Result<b
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    let text = String::from_utf8_lossy(&body);
-    if ok {
-        println!("{text}");
-    } else {
-        eprintln!("{status}: {text}");
+    Ok((status, body))
+}
+
+/// `fencegate fences export --admin URL`: every fence of a running node,
+/// page by page, as JSON lines on `out`. Returns how many.
+pub async fn export(base: &str, out: &mut dyn std::io::Write) -> Result<u64, String> {
+    let base = base.trim_end_matches('/');
+    let mut after: Option<String> = None;
+    let mut n = 0;
+    loop {
+        let mut path = "/fences?limit=1000".to_string();
+        if let Some(a) = &after {
+            path.push_str(&format!("&after={}", enc(a)));
+        }
+        let (status, body) = request(base, None, Method::GET, &path, None).await?;
+        if !status.is_success() {
+            return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+        }
+        let page: super::transfer::Page =
+            serde_json::from_slice(&body).map_err(|e| format!("admin API answer: {e}"))?;
+        for r in &page.fences {
+            let line = serde_json::to_string(r).map_err(|e| e.to_string())?;
+            writeln!(out, "{line}").map_err(|e| e.to_string())?;
+            n += 1;
+        }
+        match page.next_after {
+            Some(a) => after = Some(a),
+            None => return Ok(n),
+        }
     }
-    Ok(ok)
 }

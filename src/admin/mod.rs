@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod metrics;
+pub mod transfer;
 
 use crate::body::{ProxyBody, full};
 use crate::config::Secret;

@@ -21,7 +21,7 @@ const UPLOADS: TableDefinition<&str, u64> = TableDefinition::new("uploads");
 pub const MAX_OPEN_UPLOADS: u64 = 100_000;
 
 /// One resource's recorded fence.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FenceRecord {
     pub resource: String,
     pub highest: u64,

@@ -139,6 +139,11 @@ impl Fencegate {
         format!("http://{}", self.s3)
     }
 
+    /// The config file it runs with.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config_path
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -263,6 +268,16 @@ impl Drop for Fencegate {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs the binary with `--config config` and `args`.
+pub fn run_bin(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// Runs the binary with `args` and a config text; returns (exit code, stderr).

@@ -43,6 +43,10 @@ impl Lease {
         })
     }
 
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every critical section is a copy or a few stores: poisoning is
         // harmless.

@@ -92,27 +92,46 @@ impl Cluster {
     /// Connects (lazily: etcd may be down at start-up; the replica is then
     /// not ready) and starts the lease keeper and the deregistration worker.
     pub async fn start(cfg: &ClusterConfig) -> Result<Arc<Cluster>, String> {
+        let (cluster, deregistered) = Cluster::connect(cfg).await?;
+        tokio::spawn(cluster.lease.clone().keep(cluster.client.clone()));
+        tokio::spawn(deregister_worker(
+            cluster.client.clone(),
+            deregistered,
+            cluster.lease.ttl() * 2,
+        ));
+        tracing::info!(
+            replica = cluster.replica,
+            prefix = cfg.prefix,
+            "cluster mode: fences in etcd"
+        );
+        Ok(Arc::new(cluster))
+    }
+
+    /// The shared table only, for tools (`fencegate fences import`): no
+    /// lease, so it admits no write of its own, but reads and raises.
+    pub async fn open_table(cfg: &ClusterConfig) -> Result<Arc<Cluster>, String> {
+        Ok(Arc::new(Cluster::connect(cfg).await?.0))
+    }
+
+    async fn connect(
+        cfg: &ClusterConfig,
+    ) -> Result<(Cluster, mpsc::UnboundedReceiver<String>), String> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         let client = Client::connect(&cfg.etcd_endpoints, Some(opts))
             .await
             .map_err(|e| format!("cluster: cannot set up the etcd client: {e}"))?;
-        let ttl = Duration::from_millis(cfg.replica_ttl_ms);
-        let lease = Lease::new(ttl);
-        tokio::spawn(lease.clone().keep(client.clone()));
         let (tx, rx) = mpsc::unbounded_channel();
-        let replica = format!("{:016x}", rand::random::<u64>());
-        tokio::spawn(deregister_worker(client.clone(), rx, ttl * 2));
-        tracing::info!(replica, prefix = cfg.prefix, "cluster mode: fences in etcd");
-        Ok(Arc::new(Cluster {
+        let cluster = Cluster {
             client,
             keys: Keys::new(&cfg.prefix),
-            replica,
+            replica: format!("{:016x}", rand::random::<u64>()),
             seq: AtomicU64::new(0),
-            lease,
+            lease: Lease::new(Duration::from_millis(cfg.replica_ttl_ms)),
             deregister: tx,
-        }))
+        };
+        Ok((cluster, rx))
     }
 
     /// Whether a write registered under `generation` may still let its last
