@@ -213,7 +213,8 @@ async fn shared_gate(
     cfg: &Config,
     c: &crate::config::ClusterConfig,
 ) -> Result<Arc<Gate>, StartError> {
-    let cluster = crate::fence::cluster::Cluster::start(c)
+    let quarantine = Duration::from_millis(cfg.fence.quarantine_ms);
+    let cluster = crate::fence::cluster::Cluster::start(c, quarantine)
         .await
         .map_err(StartError)?;
     let mut gate = Gate::shared(cluster, cfg.admission_wait());

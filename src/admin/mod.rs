@@ -134,7 +134,7 @@ impl Admin {
                 json(StatusCode::OK, json!({"fences": page, "next_after": next}))
             }
             Err(e) => json(
-                StatusCode::INTERNAL_SERVER_ERROR,
+                StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": e.to_string()}),
             ),
         }
@@ -150,7 +150,7 @@ impl Admin {
                 ),
             },
             Err(e) => json(
-                StatusCode::INTERNAL_SERVER_ERROR,
+                StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": e.to_string()}),
             ),
         }

@@ -112,8 +112,13 @@ impl Fencer {
 
     async fn raise(&self, token: u64, why: &str) {
         loop {
-            match self.gate.raise(&self.resource, token).await {
-                Ok(h) => {
+            match self.gate.raise_to(&self.resource, token).await {
+                // Another replica (or an earlier event) raised it already.
+                Ok((h, false)) => {
+                    tracing::info!(resource = %self.resource, token, highest = h, why, "lock holder lost the lock; fence already raised");
+                    return;
+                }
+                Ok((h, true)) => {
                     metrics::counter!(m::EAGER_RAISES).increment(1);
                     tracing::warn!(resource = %self.resource, lock = ?self.lock, token, highest = h, why,
                         "lock holder lost the lock: fence raised");

@@ -46,6 +46,8 @@ struct State {
     bytes_received: Mutex<u64>,
     changed: Notify,
     discard: bool,
+    /// Stalled writes go on when their client leaves, as S3's do.
+    finish_detached: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone)]
@@ -145,6 +147,15 @@ impl TestBackend {
     /// stalled, and the result at the end of the body, once released.
     pub fn answer_early(&self, token: u64) {
         self.state.early_tokens.lock().unwrap().insert(token);
+    }
+
+    /// A stalled write whose client (fencegate) goes away is still applied
+    /// when released, as S3 applies a request whose body it has. By
+    /// default hyper drops it with its connection.
+    pub fn finish_stalled_writes_of_departed_clients(&self) {
+        self.state
+            .finish_detached
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn release(&self, token: u64) {
@@ -317,6 +328,25 @@ async fn handle_write_or_read(
             {
                 if st.early_tokens.lock().unwrap().contains(&t) {
                     return Err(answer_early(st.clone(), key, data, t));
+                }
+                if st.finish_detached.load(std::sync::atomic::Ordering::SeqCst) {
+                    // In a task of its own: dropping this request's future
+                    // (its connection closed) does not stop it.
+                    let (st2, key2) = (st.clone(), key.clone());
+                    let applied = tokio::spawn(async move {
+                        released(&st2, t).await;
+                        st2.objects
+                            .lock()
+                            .unwrap()
+                            .insert(key2.clone(), Bytes::from(data));
+                        record(&st2, Event::Responded { key: key2, token });
+                    });
+                    let _ = applied.await;
+                    return Ok(Response::builder()
+                        .status(200)
+                        .header("etag", "\"test-etag\"")
+                        .body(Full::default())
+                        .unwrap());
                 }
                 released(&st, t).await;
             }

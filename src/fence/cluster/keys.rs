@@ -44,6 +44,10 @@ impl Keys {
         }
     }
 
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn fences(&self) -> String {
         format!("{}fences/", self.prefix)
     }
@@ -111,7 +115,7 @@ pub enum Outcome {
     /// `revision`.
     Admitted {
         raised: bool,
-        lower: Vec<Vec<u8>>,
+        lower: super::Lower,
         revision: i64,
     },
 }
@@ -183,7 +187,11 @@ pub fn outcome(resp: &etcd_client::TxnResponse) -> Result<Outcome, String> {
         let ops = level.op_responses();
         if level.succeeded() {
             let lower = match ops.last() {
-                Some(TxnOpResponse::Get(g)) => g.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.lease()))
+                    .collect(),
                 _ => return Err("admission answer without its range".into()),
             };
             return Ok(Outcome::Admitted {

@@ -9,11 +9,29 @@
 //! clocks' rates and for the bytes still to leave, and calls the lease
 //! fresh until `s + ttl - margin` ([`Lease::fresh`]). A paused process sees
 //! that time pass when it wakes up, before it can act on stale belief.
+//!
+//! The clock is `CLOCK_BOOTTIME`, not Rust's `Instant` (`CLOCK_MONOTONIC`),
+//! which stops while the machine is suspended: a suspended replica must see
+//! that its lease may have gone. (A VM paused by its hypervisor sees the
+//! time pass only if its clock source catches up; docs/cluster.md.)
 
 use crate::metric_names as m;
 use etcd_client::Client;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+/// Time since boot, suspend included.
+pub fn now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; CLOCK_BOOTTIME exists
+    // on every Linux fencegate runs on.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
 
 #[derive(Clone, Copy)]
 struct State {
@@ -22,8 +40,9 @@ struct State {
     /// Bumped at each new lease: a registration made under an older one
     /// is gone with it.
     generation: u64,
-    /// Until when the lease is surely alive, less the margin.
-    safe_until: Instant,
+    /// Until when (on [`now`]'s clock) the lease is surely alive, less
+    /// the margin.
+    safe_until: Duration,
 }
 
 pub struct Lease {
@@ -38,7 +57,7 @@ impl Lease {
             state: Mutex::new(State {
                 id: 0,
                 generation: 0,
-                safe_until: Instant::now(),
+                safe_until: Duration::ZERO,
             }),
         })
     }
@@ -60,7 +79,7 @@ impl Lease {
     /// The current lease and its generation, when it is fresh.
     pub fn current(&self) -> Option<(i64, u64)> {
         let st = *self.lock();
-        (st.id != 0 && Instant::now() < st.safe_until).then_some((st.id, st.generation))
+        (st.id != 0 && now() < st.safe_until).then_some((st.id, st.generation))
     }
 
     /// Whether the lease of `generation` is the current one and surely
@@ -69,8 +88,15 @@ impl Lease {
         self.current().is_some_and(|(_, g)| g == generation)
     }
 
+    /// Whether `generation` is the lease held now (fresh or not): its
+    /// registrations are still worth deleting one by one.
+    pub fn is_current(&self, generation: u64) -> bool {
+        let st = *self.lock();
+        st.id != 0 && st.generation == generation
+    }
+
     /// A keep-alive sent at `sent` was answered with `ttl` left.
-    fn renewed(&self, id: i64, sent: Instant, ttl: Duration) {
+    fn renewed(&self, id: i64, sent: Duration, ttl: Duration) {
         let mut st = self.lock();
         if st.id == id {
             st.safe_until = sent + ttl - Self::margin(ttl);
@@ -97,7 +123,7 @@ impl Lease {
         let secs = self.ttl.as_millis().div_ceil(1000).max(1) as i64;
         let every = self.ttl / 5;
         loop {
-            let sent = Instant::now();
+            let sent = now();
             let mut lc = client.lease_client();
             let granted = match super::call("lease_grant", lc.grant(secs, None)).await {
                 Ok(g) => g,
@@ -139,7 +165,7 @@ impl Lease {
                 }
             }
             let (keeper, answers) = stream.as_mut().expect("just set");
-            let sent = Instant::now();
+            let sent = now();
             let answer = tokio::time::timeout(every.max(Duration::from_millis(500)), async {
                 keeper.keep_alive().await?;
                 answers.message().await

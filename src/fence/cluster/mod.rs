@@ -16,19 +16,24 @@
 //!
 //! It knows nothing of the gate: `gate.rs` calls it.
 
+mod background;
 pub mod keys;
 mod lease;
 mod store;
+mod wait;
+
+pub use background::Seen;
+pub use wait::Lower;
 
 use crate::config::ClusterConfig;
 use crate::metric_names as m;
-use etcd_client::{Client, ConnectOptions, EventType, TxnOp, WatchOptions};
+use etcd_client::{Client, ConnectOptions};
 use keys::{Keys, Outcome};
 use lease::Lease;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// One etcd request gives up after this long (and counts as a failure).
@@ -36,8 +41,6 @@ const OP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Admission retries a failed transaction (a member going away, a leader
 /// election) for up to this long before it answers 503.
 const ADMIT_RETRY_FOR: Duration = Duration::from_secs(3);
-/// Most deletions in one transaction (etcd's default cap is 128 operations).
-const DEREGISTER_BATCH: usize = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -54,12 +57,29 @@ pub enum WaitError {
 }
 
 /// A write's in-flight registration: its key, and the lease generation it
-/// was made under.
-#[derive(Debug, Clone)]
+/// was made under. Dropping it deletes the key (in the background), so an
+/// admission that fails or is cancelled halfway cannot leave it behind.
 pub struct Registration {
     pub key: String,
     lease: i64,
-    pub generation: u64,
+    generation: u64,
+    cluster: Arc<Cluster>,
+}
+
+impl Registration {
+    /// Whether the write may still let its last bytes go: its lease is the
+    /// current one and cannot have expired.
+    pub fn fresh(&self) -> bool {
+        self.cluster.lease.fresh(self.generation)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.cluster.live().remove(&self.key);
+        let key = std::mem::take(&mut self.key);
+        let _ = self.cluster.deregister.send((key, self.generation));
+    }
 }
 
 pub struct Cluster {
@@ -69,7 +89,14 @@ pub struct Cluster {
     replica: String,
     seq: AtomicU64,
     lease: Arc<Lease>,
-    deregister: mpsc::UnboundedSender<String>,
+    deregister: mpsc::UnboundedSender<(String, u64)>,
+    /// This replica's registrations now: the sweep deletes any other key of
+    /// this replica it finds in etcd (a transaction applied after its
+    /// admission had given up on it).
+    live: std::sync::Mutex<HashSet<String>>,
+    /// How long newer writes still wait after a lower write's replica lost
+    /// its lease: the backend may still apply a body it already had.
+    expired_hold: Duration,
 }
 
 fn etcd(e: impl std::fmt::Display) -> ClusterError {
@@ -90,21 +117,28 @@ async fn call<T>(
 
 impl Cluster {
     /// Connects (lazily: etcd may be down at start-up; the replica is then
-    /// not ready) and starts the lease keeper and the deregistration worker.
-    pub async fn start(cfg: &ClusterConfig) -> Result<Arc<Cluster>, String> {
-        let (cluster, deregistered) = Cluster::connect(cfg).await?;
+    /// not ready) and starts the lease keeper, the deregistration worker
+    /// and the sweep.
+    ///
+    /// `quarantine` is `fence.quarantine_ms`: the longest the backend may
+    /// take to apply a request it already has. A write whose replica lost
+    /// its lease had its body at the backend, at the latest, when the
+    /// replica last renewed (at least 4/5 of the TTL before the expiry), so
+    /// newer writes wait the rest of the quarantine after the expiry.
+    pub async fn start(cfg: &ClusterConfig, quarantine: Duration) -> Result<Arc<Cluster>, String> {
+        let (mut cluster, deregistered) = Cluster::connect(cfg).await?;
+        let ttl = cluster.lease.ttl();
+        cluster.expired_hold = quarantine.saturating_sub(ttl * 4 / 5);
+        let cluster = Arc::new(cluster);
         tokio::spawn(cluster.lease.clone().keep(cluster.client.clone()));
-        tokio::spawn(deregister_worker(
-            cluster.client.clone(),
-            deregistered,
-            cluster.lease.ttl() * 2,
-        ));
+        tokio::spawn(background::deregister_worker(cluster.clone(), deregistered));
+        tokio::spawn(cluster.clone().sweep(ttl));
         tracing::info!(
             replica = cluster.replica,
             prefix = cfg.prefix,
             "cluster mode: fences in etcd"
         );
-        Ok(Arc::new(cluster))
+        Ok(cluster)
     }
 
     /// The shared table only, for tools (`fencegate fences import`): no
@@ -115,7 +149,7 @@ impl Cluster {
 
     async fn connect(
         cfg: &ClusterConfig,
-    ) -> Result<(Cluster, mpsc::UnboundedReceiver<String>), String> {
+    ) -> Result<(Cluster, mpsc::UnboundedReceiver<(String, u64)>), String> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
@@ -130,14 +164,15 @@ impl Cluster {
             seq: AtomicU64::new(0),
             lease: Lease::new(Duration::from_millis(cfg.replica_ttl_ms)),
             deregister: tx,
+            live: Default::default(),
+            expired_hold: Duration::ZERO,
         };
         Ok((cluster, rx))
     }
 
-    /// Whether a write registered under `generation` may still let its last
-    /// bytes go: its lease is the current one and cannot have expired.
-    pub fn fresh(&self, generation: u64) -> bool {
-        self.lease.fresh(generation)
+    fn live(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // A set insert or remove per critical section: poisoning is harmless.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Why this replica cannot fence right now, if it cannot.
@@ -148,22 +183,23 @@ impl Cluster {
         }
     }
 
-    /// A registration key for a write of `token` on `resource`, under the
+    /// A registration for a write of `token` on `resource`, under the
     /// current lease.
-    pub fn registration(&self, resource: &str, token: u64) -> Result<Registration, ClusterError> {
+    pub fn registration(
+        self: &Arc<Self>,
+        resource: &str,
+        token: u64,
+    ) -> Result<Registration, ClusterError> {
         let (lease, generation) = self.lease.current().ok_or(ClusterError::NoLease)?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let key = self.keys.registration(resource, token, &self.replica, seq);
+        self.live().insert(key.clone());
         Ok(Registration {
-            key: self.keys.registration(resource, token, &self.replica, seq),
+            key,
             lease,
             generation,
+            cluster: self.clone(),
         })
-    }
-
-    /// The registration is over (its write ended): deleted in the
-    /// background, in batches, retried while etcd is away.
-    pub fn deregister(&self, key: String) {
-        let _ = self.deregister.send(key);
     }
 
     /// The admission transaction ([`keys::admission`]), retried on failure
@@ -173,6 +209,7 @@ impl Cluster {
         resource: &str,
         token: u64,
         registration: Option<&Registration>,
+        deadline: tokio::time::Instant,
     ) -> Result<Outcome, ClusterError> {
         let txn = keys::admission(
             &self.keys,
@@ -181,7 +218,7 @@ impl Cluster {
             registration.map(|r| (r.key.as_str(), r.lease)),
             store::now_ms(),
         );
-        let give_up = Instant::now() + ADMIT_RETRY_FOR;
+        let give_up = deadline.min(tokio::time::Instant::now() + ADMIT_RETRY_FOR);
         loop {
             let mut kv = self.client.kv_client();
             let result = call("admit", kv.txn(txn.clone())).await;
@@ -189,155 +226,11 @@ impl Cluster {
                 Ok(resp) => return keys::outcome(&resp).map_err(ClusterError::Etcd),
                 Err(e) => e,
             };
-            if Instant::now() >= give_up {
+            if tokio::time::Instant::now() >= give_up {
                 return Err(err);
             }
             tracing::debug!("admission on {resource} failed, retrying: {err}");
             tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Waits until every registration in `lower` (found by an admission at
-    /// `revision`) is gone, or `deadline`.
-    pub async fn wait_gone(
-        &self,
-        resource: &str,
-        token: u64,
-        lower: Vec<Vec<u8>>,
-        revision: i64,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), WaitError> {
-        let mut left: HashSet<Vec<u8>> = lower.into_iter().collect();
-        let (low, high) = self.keys.inflight_below(resource, token);
-        let mut from = revision + 1;
-        let wait = async {
-            while !left.is_empty() {
-                match self.watch_deletes(&low, &high, from, &mut left).await {
-                    Ok(()) => {}
-                    Err(e) => {
-                        // The watch broke: read what is left, and go on from there.
-                        tracing::debug!("watch on {resource} broke: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        let (rev, still) = self.lower_now(&low, &high).await?;
-                        left.retain(|k| still.contains(k));
-                        from = rev + 1;
-                    }
-                }
-            }
-            Ok::<(), ClusterError>(())
-        };
-        match tokio::time::timeout_at(deadline, wait).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(WaitError::Failed(e)),
-            Err(_) => Err(WaitError::TimedOut),
-        }
-    }
-
-    /// Follows deletions in `[low, high)` from revision `from` until none
-    /// of `left` remains.
-    async fn watch_deletes(
-        &self,
-        low: &str,
-        high: &str,
-        from: i64,
-        left: &mut HashSet<Vec<u8>>,
-    ) -> Result<(), ClusterError> {
-        let opts = WatchOptions::new()
-            .with_range(high)
-            .with_start_revision(from);
-        let mut w = self.client.watch_client();
-        let mut stream = call("watch", w.watch(low, Some(opts))).await?;
-        while !left.is_empty() {
-            let Some(resp) = stream.message().await.map_err(etcd)? else {
-                return Err(ClusterError::Etcd("watch ended".into()));
-            };
-            if resp.canceled() {
-                return Err(ClusterError::Etcd(format!(
-                    "watch canceled: {}",
-                    resp.cancel_reason()
-                )));
-            }
-            for ev in resp.events() {
-                if ev.event_type() == EventType::Delete
-                    && let Some(kv) = ev.kv()
-                {
-                    left.remove(kv.key());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn lower_now(
-        &self,
-        low: &str,
-        high: &str,
-    ) -> Result<(i64, HashSet<Vec<u8>>), ClusterError> {
-        let opts = etcd_client::GetOptions::new()
-            .with_range(high)
-            .with_keys_only();
-        let mut kv = self.client.kv_client();
-        let resp = call("get", kv.get(low, Some(opts))).await?;
-        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-        Ok((rev, resp.kvs().iter().map(|kv| kv.key().to_vec()).collect()))
-    }
-
-    /// Calls `raised(resource, token)` for every fence put in etcd by any
-    /// replica, for as long as the process runs (the watch is re-made after
-    /// a failure; a raise missed meanwhile only delays an abort, since a
-    /// newer write still waits for the lower registrations to go).
-    pub async fn follow_raises(self: Arc<Self>, raised: impl Fn(&str, u64) + Send) {
-        let fences = self.keys.fences();
-        loop {
-            let mut w = self.client.watch_client();
-            let opts = WatchOptions::new().with_prefix();
-            let stream = call("watch", w.watch(fences.clone(), Some(opts))).await;
-            if let Ok(mut stream) = stream {
-                while let Ok(Some(resp)) = stream.message().await {
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        if ev.event_type() != EventType::Put {
-                            continue;
-                        }
-                        if let (Some(r), Some((t, _))) = (
-                            self.keys.resource_of(kv.key()),
-                            keys::parse_fence(kv.value()),
-                        ) {
-                            raised(r, t);
-                        }
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-}
-
-/// Deletes ended registrations in batches. A batch that fails is retried
-/// until `give_up` has passed: by then a lease that etcd could not be told
-/// about has expired, and its keys with it.
-async fn deregister_worker(
-    client: Client,
-    mut rx: mpsc::UnboundedReceiver<String>,
-    give_up: Duration,
-) {
-    let mut batch = Vec::new();
-    while rx.recv_many(&mut batch, DEREGISTER_BATCH).await > 0 {
-        let ops: Vec<TxnOp> = batch.drain(..).map(|k| TxnOp::delete(k, None)).collect();
-        let txn = etcd_client::Txn::new().and_then(ops);
-        let started = Instant::now();
-        loop {
-            let mut kv = client.kv_client();
-            match call("deregister", kv.txn(txn.clone())).await {
-                Ok(_) => break,
-                Err(e) if started.elapsed() > give_up => {
-                    tracing::warn!(
-                        "giving up deleting in-flight registrations (their lease expires): {e}"
-                    );
-                    break;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
         }
     }
 }

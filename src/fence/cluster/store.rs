@@ -16,6 +16,11 @@ pub(super) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Raises by tools and the admin API retry for the usual few seconds.
+fn far_deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + std::time::Duration::from_secs(60)
+}
+
 fn store_err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
 }
@@ -41,7 +46,7 @@ impl FenceStore for Cluster {
         let resource = resource.to_string();
         Box::pin(async move {
             match self
-                .admit(&resource, token, None)
+                .admit(&resource, token, None, far_deadline())
                 .await
                 .map_err(store_err)?
             {

@@ -3,7 +3,7 @@
 //! writes in flight so that a raise from anywhere can abort them.
 
 use super::{Gate, Kind, Permit, Refusal, push_entry};
-use crate::fence::cluster::{Cluster, WaitError, keys::Outcome};
+use crate::fence::cluster::{Cluster, Seen, WaitError, keys::Outcome};
 use crate::metric_names as m;
 use std::sync::Arc;
 
@@ -23,19 +23,41 @@ impl Gate {
 
     /// Cluster mode: follows raises made at every replica for as long as the
     /// process runs, aborting this replica's lower-token writes that are
-    /// still streaming.
+    /// still streaming. After a gap in what it saw, it reads the fences of
+    /// the resources with writes in flight here again.
     pub fn follow_cluster(self: &Arc<Self>) {
         let Some(c) = self.cluster.clone() else {
             return;
         };
         let gate = Arc::downgrade(self);
-        tokio::spawn(c.follow_raises(move |resource, token| {
-            if let Some(gate) = gate.upgrade()
-                && let Some(slot) = gate.slots.get(resource).map(|s| s.clone())
-            {
-                gate.note_raise(&slot, token);
+        tokio::spawn(c.follow_raises(move |seen| {
+            let Some(gate) = gate.upgrade() else { return };
+            match seen {
+                Seen::Raised(resource, token) => {
+                    if let Some(slot) = gate.slots.get(resource).map(|s| s.clone()) {
+                        gate.note_raise(&slot, token);
+                    }
+                }
+                Seen::Gap => {
+                    tokio::spawn(async move { gate.reread_busy_fences().await });
+                }
             }
         }));
+    }
+
+    /// Reads again the fence of every resource with a write in flight here.
+    async fn reread_busy_fences(&self) {
+        let busy: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|s| !s.value().lock().inflight.is_empty())
+            .map(|s| s.key().clone())
+            .collect();
+        for r in busy {
+            if let (Ok(Some(h)), Some(slot)) = (self.store.get(&r).await, self.slots.get(&r)) {
+                self.note_raise(&slot, h);
+            }
+        }
     }
 
     pub(super) async fn raise_shared(
@@ -43,9 +65,10 @@ impl Gate {
         c: &Cluster,
         resource: &str,
         token: u64,
-    ) -> Result<u64, Refusal> {
+    ) -> Result<(u64, bool), Refusal> {
         let slot = self.cached_slot(resource);
-        match c.admit(resource, token, None).await {
+        let deadline = tokio::time::Instant::now() + self.wait_bound;
+        match c.admit(resource, token, None, deadline).await {
             Err(e) => Err(Refusal::Unavailable(e.to_string())),
             Ok(Outcome::Stale(h)) => {
                 self.note_raise(&slot, h);
@@ -55,7 +78,7 @@ impl Gate {
                 if raised {
                     metrics::counter!(m::RAISES).increment(1);
                 }
-                Ok(self.note_raise(&slot, token).max(token))
+                Ok((self.note_raise(&slot, token).max(token), raised))
             }
         }
     }
@@ -79,16 +102,12 @@ impl Gate {
             ),
             Kind::Read => None,
         };
-        let outcome = match c.admit(resource, token, reg.as_ref()).await {
-            Ok(o) => o,
-            Err(e) => {
-                // The transaction may have been applied: take the key back.
-                if let Some(r) = reg {
-                    c.deregister(r.key);
-                }
-                return Err(unavailable(&e));
-            }
-        };
+        // On any way out before the permit exists (an error, a refusal,
+        // the request dropped), `reg` drops and deletes its key.
+        let outcome = c
+            .admit(resource, token, reg.as_ref(), deadline)
+            .await
+            .map_err(|e| unavailable(&e))?;
         let (raised, lower, revision) = match outcome {
             Outcome::Stale(h) => {
                 self.note_raise(&slot, h);
@@ -104,12 +123,18 @@ impl Gate {
             metrics::counter!(m::RAISES).increment(1);
         }
         self.note_raise(&slot, token);
-        // Registered in etcd before it is known here: a raise between the
-        // two is caught by `body_complete`, which compares with the highest.
-        let permit = reg.map(|r| {
-            let mut st = slot.lock();
-            push_entry(&slot, &mut st, token, Some((c.clone(), r)))
-        });
+        let permit = match reg {
+            Some(r) => {
+                let mut st = slot.lock();
+                // Registered in etcd before it is known here: a raise seen
+                // in between refuses it now rather than at its last bytes.
+                if let Some(h) = st.highest.filter(|h| *h > token) {
+                    return Err(Refusal::Stale { token, highest: h });
+                }
+                Some(push_entry(&slot, &mut st, token, Some(r)))
+            }
+            None => None,
+        };
         if self.ordered && !lower.is_empty() {
             match c
                 .wait_gone(resource, token, lower, revision, deadline)

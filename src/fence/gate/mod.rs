@@ -131,7 +131,7 @@ pub struct Permit {
     token: u64,
     abort: Arc<AbortSignal>,
     /// Cluster mode: the write's registration in etcd, deleted on drop.
-    shared: Option<(Arc<Cluster>, Registration)>,
+    shared: Option<Registration>,
     /// Cluster mode: failed because this replica's lease may have lapsed.
     lease_lost: AtomicBool,
 }
@@ -142,10 +142,7 @@ impl Permit {
     pub fn body_complete(&self) -> bool {
         let mut st = self.slot.lock();
         let raised_past = st.highest.is_some_and(|h| h > self.token);
-        let lapsed = self
-            .shared
-            .as_ref()
-            .is_some_and(|(c, r)| !c.fresh(r.generation));
+        let lapsed = self.shared.as_ref().is_some_and(|r| !r.fresh());
         match st.inflight.iter_mut().find(|e| e.id == self.id) {
             Some(e) if e.phase == Phase::Aborted => false,
             Some(e) if raised_past || lapsed => {
@@ -198,9 +195,7 @@ impl Drop for Permit {
         }
         metrics::gauge!(m::INFLIGHT_WRITES).decrement(1.0);
         self.slot.changed.notify_waiters();
-        if let Some((cluster, reg)) = self.shared.take() {
-            cluster.deregister(reg.key);
-        }
+        // The registration, if any, deletes itself as it drops.
     }
 }
 
@@ -305,6 +300,12 @@ impl Gate {
     /// writes still streaming. Refuses (without change) a token below the
     /// highest. Returns the highest afterwards.
     pub async fn raise(&self, resource: &str, token: u64) -> Result<u64, Refusal> {
+        Ok(self.raise_to(resource, token).await?.0)
+    }
+
+    /// [`Gate::raise`], also saying whether this call moved the fence (in
+    /// cluster mode, false when another replica got there first).
+    pub async fn raise_to(&self, resource: &str, token: u64) -> Result<(u64, bool), Refusal> {
         if let Some(c) = &self.cluster {
             return self.raise_shared(c, resource, token).await;
         }
@@ -312,7 +313,12 @@ impl Gate {
         self.raise_slot(&slot, resource, token).await
     }
 
-    async fn raise_slot(&self, slot: &Slot, resource: &str, token: u64) -> Result<u64, Refusal> {
+    async fn raise_slot(
+        &self,
+        slot: &Slot,
+        resource: &str,
+        token: u64,
+    ) -> Result<(u64, bool), Refusal> {
         let stale = |highest| Refusal::Stale { token, highest };
         let needs_raise = |h: Option<u64>| -> Result<bool, Refusal> {
             match h {
@@ -322,11 +328,11 @@ impl Gate {
             }
         };
         if !needs_raise(slot.lock().highest)? {
-            return Ok(token);
+            return Ok((token, false));
         }
         let _g = slot.raising.lock().await;
         if !needs_raise(slot.lock().highest)? {
-            return Ok(token);
+            return Ok((token, false));
         }
         let recorded = self.store.raise(resource, token).await?;
         metrics::counter!(m::RAISES).increment(1);
@@ -334,7 +340,7 @@ impl Gate {
         if token < h {
             return Err(stale(h));
         }
-        Ok(h)
+        Ok((h, true))
     }
 
     /// The fence of `slot` is at least `token` now: remember it, and tell
@@ -417,7 +423,7 @@ fn push_entry(
     slot: &Arc<Slot>,
     st: &mut SlotState,
     token: u64,
-    shared: Option<(Arc<Cluster>, Registration)>,
+    shared: Option<Registration>,
 ) -> Permit {
     let id = st.next_id;
     st.next_id += 1;

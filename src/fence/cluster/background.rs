@@ -1,0 +1,137 @@
+//! What a replica runs beside its requests: following raises made anywhere,
+//! deleting ended registrations in batches, and sweeping its own leftovers.
+
+use super::{Cluster, call, keys};
+use etcd_client::{EventType, GetOptions, TxnOp, WatchOptions};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Most deletions in one transaction (etcd's default cap is 128 operations).
+const DEREGISTER_BATCH: usize = 100;
+
+/// What [`Cluster::follow_raises`] reports.
+pub enum Seen<'a> {
+    /// A fence was put, by any replica.
+    Raised(&'a str, u64),
+    /// Raises may have been missed (history compacted while the watch was
+    /// down): re-read what matters.
+    Gap,
+}
+
+impl Cluster {
+    /// Reports every fence put in etcd by any replica, for as long as the
+    /// process runs. The watch resumes after the last revision it saw; if
+    /// that history is gone it reports a [`Seen::Gap`].
+    pub async fn follow_raises(self: Arc<Self>, seen: impl Fn(Seen<'_>) + Send) {
+        let fences = self.keys.fences();
+        let mut next: Option<i64> = None;
+        loop {
+            let mut opts = WatchOptions::new().with_prefix();
+            if let Some(rev) = next {
+                opts = opts.with_start_revision(rev);
+            }
+            let mut w = self.client.watch_client();
+            if let Ok(mut stream) = call("watch", w.watch(fences.clone(), Some(opts))).await {
+                while let Ok(Some(resp)) = stream.message().await {
+                    if resp.canceled() {
+                        if resp.compact_revision() > 0 {
+                            next = None;
+                            seen(Seen::Gap);
+                        }
+                        break;
+                    }
+                    if let Some(h) = resp.header() {
+                        next = Some(h.revision() + 1);
+                    }
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        if ev.event_type() != EventType::Put {
+                            continue;
+                        }
+                        if let (Some(r), Some((t, _))) = (
+                            self.keys.resource_of(kv.key()),
+                            keys::parse_fence(kv.value()),
+                        ) {
+                            seen(Seen::Raised(r, t));
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Every `every`, deletes this replica's registrations that etcd holds
+    /// but no write here does: an admission transaction applied after its
+    /// request had given up on it.
+    pub(super) async fn sweep(self: Arc<Self>, every: Duration) {
+        let all = format!("{}inflight/", self.keys.prefix());
+        let mine = format!("/{}-", self.replica);
+        loop {
+            tokio::time::sleep(every).await;
+            let opts = GetOptions::new()
+                .with_range(keys::prefix_end(&all))
+                .with_keys_only();
+            let mut kv = self.client.kv_client();
+            let Ok(resp) = call("sweep", kv.get(all.clone(), Some(opts))).await else {
+                continue;
+            };
+            let stray: Vec<String> = {
+                let live = self.live();
+                resp.kvs()
+                    .iter()
+                    .filter_map(|kv| std::str::from_utf8(kv.key()).ok())
+                    .filter(|k| k.contains(&mine) && !live.contains(*k))
+                    .map(str::to_string)
+                    .collect()
+            };
+            if !stray.is_empty() {
+                tracing::info!(
+                    count = stray.len(),
+                    "deleting stray in-flight registrations"
+                );
+                let generation = self.lease.current().map_or(0, |(_, g)| g);
+                for k in stray {
+                    let _ = self.deregister.send((k, generation));
+                }
+            }
+        }
+    }
+}
+
+/// Deletes ended registrations in batches. A batch that fails is retried
+/// for as long as the lease its keys were made under is the current one;
+/// once it is not, etcd expires them with it.
+pub(super) async fn deregister_worker(
+    cluster: Arc<Cluster>,
+    mut rx: mpsc::UnboundedReceiver<(String, u64)>,
+) {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, DEREGISTER_BATCH).await > 0 {
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            batch.retain(|(_, g)| cluster.lease.is_current(*g));
+            if batch.is_empty() {
+                break;
+            }
+            let ops: Vec<TxnOp> = batch
+                .iter()
+                .map(|(k, _)| TxnOp::delete(k.as_str(), None))
+                .collect();
+            let mut kv = cluster.client.kv_client();
+            match call("deregister", kv.txn(etcd_client::Txn::new().and_then(ops))).await {
+                Ok(_) => break,
+                Err(e) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(10) {
+                        tracing::warn!("deleting in-flight registrations keeps failing: {e}");
+                        failing_since = Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        batch.clear();
+    }
+}
