@@ -621,3 +621,66 @@ async fn a_single_node_moves_into_the_cluster_and_back_without_losing_a_fence() 
         .unwrap();
     assert_eq!((r.status, r.code()), (409, Some("StaleFencingToken")));
 }
+
+/// The `fencegate_eager_raises_total` of one replica.
+async fn eager_raises(fg: &Fencegate) -> u64 {
+    let (_, text) = http_call("GET", &format!("http://{}/metrics", fg.admin), None, None).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("fencegate_eager_raises_total "))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+#[tokio::test]
+async fn eager_fencing_raises_once_per_holder_change_however_many_replicas_watch() {
+    use common::lock_holder::{Holder, wait_for_eager, wait_for_fence_above};
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let endpoints = etcd.endpoints_toml();
+    let eager = format!(
+        "[locks]\netcd_endpoints = {endpoints}\n\n[[eager]]\nresource = \"orders\"\n\
+         etcd_lock = \"orders\"\n\n[[rules]]\nbucket = \"demo\"\nprefix = \"orders/\"\n\
+         mode = \"shared\"\nresource = \"orders\"\n"
+    );
+    let fg: Vec<Fencegate> = (0..3)
+        .map(|_| {
+            let toml = format!("{}\n{eager}", cluster_toml(&endpoints, NO_HOLD, TTL_MS));
+            Fencegate::start(be.as_fencegate_backend(), &toml)
+        })
+        .collect();
+    for f in &fg {
+        wait_for_eager(f, true).await;
+    }
+    let service = ["--etcd".to_string(), etcd.endpoint(0).to_string()];
+    let holder = Holder::take_at(&service, "orders", 2);
+    let raw = RawClient::new(&fg[1].endpoint());
+    let r = raw
+        .send(RawRequest::put("/demo/orders/log", "a").token(holder.token))
+        .await;
+    assert_eq!(r.unwrap().status, 200);
+
+    // The holder freezes; its lease runs out; all three replicas see it.
+    holder.pause();
+    let h = wait_for_fence_above(&fg[0], holder.token).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut total = 0;
+    for f in &fg {
+        total += eager_raises(f).await;
+    }
+    assert_eq!(
+        total, 1,
+        "one raise for one holder change, by whichever replica came first"
+    );
+    // Every replica refuses the old holder now.
+    for f in &fg {
+        let r = RawClient::new(&f.endpoint())
+            .send(RawRequest::put("/demo/orders/log", "late").token(holder.token))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.status, r.code()),
+            (409, Some("StaleFencingToken")),
+            "highest {h}"
+        );
+    }
+    holder.resume();
+}
