@@ -112,7 +112,9 @@ pub fn s3_client(endpoint: &str, key: &str, secret: &str, region: &str) -> aws_s
     aws_sdk_s3::Client::from_conf(conf)
 }
 
-/// 409 StaleFencingToken, 428 and 503 SlowDown promise that nothing
+/// 409 StaleFencingToken, 428, 503 SlowDown and fencegate's 503
+/// ServiceUnavailable (cluster mode: the shared table unreachable, or the
+/// replica's lease lapsed before the last bytes) promise that nothing
 /// happened; anything else without a 2xx might have.
 fn classify<E: ProvideErrorMetadata>(e: &SdkError<E>) -> Outcome {
     match e {
@@ -121,7 +123,10 @@ fn classify<E: ProvideErrorMetadata>(e: &SdkError<E>) -> Outcome {
             let code = se.err().code().unwrap_or("").to_string();
             let d = format!("{status} {code}");
             match (status, code.as_str()) {
-                (409, "StaleFencingToken") | (428, _) | (503, "SlowDown") => Outcome::Refused(d),
+                (409, "StaleFencingToken")
+                | (428, _)
+                | (503, "SlowDown")
+                | (503, "ServiceUnavailable") => Outcome::Refused(d),
                 _ => Outcome::Indeterminate(d),
             }
         }
