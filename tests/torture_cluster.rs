@@ -122,7 +122,7 @@ async fn chaos(
     seed: u64,
     mut stop: watch::Receiver<bool>,
 ) -> (u32, u32) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x6368_616f_73);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0063_6861_6f73);
     let (mut kills, mut pauses) = (0, 0);
     loop {
         let wait = Duration::from_millis(rng.random_range(every_ms.0..=every_ms.1));
