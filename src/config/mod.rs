@@ -148,6 +148,11 @@ pub struct FenceConfig {
     /// Resources whose fence is kept in memory; beyond this, idle ones are
     /// dropped and read from the store again when next used.
     pub max_cached_resources: usize,
+    /// Send fenced per-object writes with `If-Match`/`If-None-Match` on the
+    /// object as it was at admission, so that the backend itself refuses
+    /// one that something else overtook. One HEAD per write; needs a
+    /// backend that honours conditional writes (not Garage).
+    pub conditional_writes: bool,
 }
 
 impl FenceConfig {
@@ -324,6 +329,7 @@ impl Default for FenceConfig {
             quarantine_ms: 30_000,
             require_signed_token: false,
             max_cached_resources: DEFAULT_MAX_CACHED_RESOURCES,
+            conditional_writes: false,
         }
     }
 }

@@ -29,6 +29,7 @@
 //! backend allows a browser's origin), and one log event per request is
 //! written there at the end.
 
+mod conditional;
 mod copy;
 mod forward;
 mod multi_delete;
@@ -75,6 +76,8 @@ pub struct Proxy {
     domains: Vec<String>,
     body_idle: Duration,
     quarantine: Duration,
+    /// `fence.conditional_writes` (`conditional.rs`).
+    conditional_writes: bool,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -175,6 +178,7 @@ impl Proxy {
             domains: cfg.server.domains.clone(),
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
+            conditional_writes: cfg.fence.conditional_writes,
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
         }
@@ -264,6 +268,14 @@ impl Proxy {
         };
         let mut out = self.upstream_request(&head, &admitted, incoming)?;
         let mut permits: Vec<Arc<Permit>> = admitted.fenced.permit.iter().cloned().collect();
+        let per_object = matches!(
+            admitted.op.op,
+            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
+        );
+        if per_object && self.conditional_writes && admitted.fenced.permit.is_some() {
+            self.condition_on_current(&mut out, &head.headers, &admitted.op)
+                .await?;
+        }
         match admitted.op.op {
             Op::CopyObject if admitted.fenced.token.is_some() => {
                 self.keep_source_metadata(&mut out, &head.headers, &admitted.op)
