@@ -27,6 +27,11 @@
 //! - [`fence::gate`]: the check, the durable raise, the ordering barrier.
 //! - [`fence::commit`]: the commit gate, holding a write's last body frame
 //!   until its permit confirms.
+//! - [`fence::cluster`]: cluster mode, the fence table and barrier in etcd
+//!   (the admission transaction in `keys.rs`, the replica's lease in
+//!   `lease.rs`, the cross-replica wait in `wait.rs`, the watch, deletion
+//!   and sweep tasks in `background.rs`); `gate/cluster.rs` is the gate's
+//!   side of it.
 //! - [`fence::store`]: `FenceStore`, and its redb implementation
 //!   (`fences.redb`).
 //!
@@ -57,13 +62,14 @@
 //!   exit, one log event; `outgoing.rs` builds the upstream request,
 //!   `forward.rs` does the exchange and keeps the permits until the answer
 //!   is complete, `copy.rs` and `multi_delete.rs` are CopyObject and
-//!   DeleteObjects.
+//!   DeleteObjects, `conditional.rs` is `fence.conditional_writes`.
 //!
 //! Around it:
 //!
 //! - [`admin`] (→ fence, s3, body, config): health, readiness, fences,
 //!   manual raise, `/metrics` (`admin::metrics` installs the recorder);
-//!   `admin::client` is `fencegate fences ...`.
+//!   `admin::client` is `fencegate fences ...`; `admin::transfer` is
+//!   `fences export` and `import`.
 //! - [`locks`] (→ fence, config, metric_names): etcd and ZooKeeper, the
 //!   token sources known by name; `helper.rs` is `fencegate lock`;
 //!   `eager.rs` raises a fence when its lock's holder goes.

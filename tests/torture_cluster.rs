@@ -83,7 +83,8 @@ impl Balancer {
 
 impl Drop for Balancer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // TERM: nginx's master stops its workers; KILL would orphan them.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
     }
 }

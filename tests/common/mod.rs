@@ -12,6 +12,7 @@ pub mod postgres;
 pub mod raw;
 pub mod redis;
 pub mod relay;
+pub mod replicas;
 pub mod zookeeper;
 
 /// A free loopback port (bound, read, released) for a service a test starts.
