@@ -178,9 +178,9 @@ pub fn admission(
         .or_else([TxnOp::txn(below)])
 }
 
-/// Reads the answer of [`admission`].
-pub fn outcome(resp: &etcd_client::TxnResponse) -> Result<Outcome, String> {
-    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+/// Reads the answer of [`admission`], applied at `revision` (nested in a
+/// batch, the answer has no header of its own).
+pub fn outcome(resp: &etcd_client::TxnResponse, revision: i64) -> Result<Outcome, String> {
     let mut raised = true;
     let mut level = resp.clone();
     for depth in 0..3 {

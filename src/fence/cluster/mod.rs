@@ -17,6 +17,7 @@
 //! It knows nothing of the gate: `gate.rs` calls it.
 
 mod background;
+mod batch;
 pub mod keys;
 mod lease;
 mod store;
@@ -89,6 +90,8 @@ pub struct Cluster {
     replica: String,
     seq: AtomicU64,
     lease: Arc<Lease>,
+    /// To the group-commit task (`batch.rs`).
+    admissions: mpsc::UnboundedSender<batch::Admission>,
     deregister: mpsc::UnboundedSender<(String, u64)>,
     /// This replica's registrations now: the sweep deletes any other key of
     /// this replica it finds in etcd (a transaction applied after its
@@ -157,7 +160,10 @@ impl Cluster {
             .await
             .map_err(|e| format!("cluster: cannot set up the etcd client: {e}"))?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let (admissions, batched) = mpsc::unbounded_channel();
+        tokio::spawn(batch::run(client.clone(), batched));
         let cluster = Cluster {
+            admissions,
             client,
             keys: Keys::new(&cfg.prefix),
             replica: format!("{:016x}", rand::random::<u64>()),
@@ -220,10 +226,20 @@ impl Cluster {
         );
         let give_up = deadline.min(tokio::time::Instant::now() + ADMIT_RETRY_FOR);
         loop {
-            let mut kv = self.client.kv_client();
-            let result = call("admit", kv.txn(txn.clone())).await;
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let sent = self.admissions.send(batch::Admission {
+                resource: resource.to_string(),
+                txn: txn.clone(),
+                reply,
+            });
+            let result = match sent {
+                Ok(()) => answer
+                    .await
+                    .unwrap_or_else(|_| Err(ClusterError::Etcd("admission task gone".into()))),
+                Err(_) => Err(ClusterError::Etcd("admission task gone".into())),
+            };
             let err = match result {
-                Ok(resp) => return keys::outcome(&resp).map_err(ClusterError::Etcd),
+                Ok(outcome) => return Ok(outcome),
                 Err(e) => e,
             };
             if tokio::time::Instant::now() >= give_up {
