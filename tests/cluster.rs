@@ -395,6 +395,9 @@ async fn losing_one_etcd_member_keeps_everything_working() {
             .send(RawRequest::put("/demo/k", "v").token(t))
             .await
             .unwrap();
+        if r.status != 200 {
+            eprintln!("A:\n{}\nB:\n{}", fg[0].logs(), fg[1].logs());
+        }
         assert_eq!(r.status, 200, "token {t}: {}", r.body);
     }
     // 7 went through B; A's own last was 6, which only the shared fence

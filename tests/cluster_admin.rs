@@ -152,7 +152,9 @@ async fn eager_fencing_raises_once_per_holder_change_however_many_replicas_watch
     // The holder freezes; its lease runs out; all three replicas see it.
     holder.pause();
     let h = wait_for_fence_above(&fg[0], holder.token).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every replica saw the lock go within milliseconds; give a second
+    // raise, were there one, time to land.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let mut total = 0;
     for f in &fg {
         total += eager_raises(f).await;

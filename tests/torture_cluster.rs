@@ -240,6 +240,13 @@ async fn run_arms(budget: Budget, seed: u64, stem: &str) -> (ArmResult, ArmResul
 }
 
 fn verdict(fenced: &ArmResult, control: &ArmResult) {
+    // A cluster that refused everything would have no violation either.
+    assert!(
+        fenced.counts.ok * 2 >= fenced.counts.ops,
+        "the cluster arm served only {} of {} requests",
+        fenced.counts.ok,
+        fenced.counts.ops
+    );
     assert!(
         fenced.violations.is_empty(),
         "{} violation(s) through the cluster: {:#?}",

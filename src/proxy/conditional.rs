@@ -21,6 +21,17 @@ use crate::upstream::client::{Outgoing, UpstreamPayload};
 use http::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+/// Headers of the write that its HEAD needs too: a customer-key encrypted
+/// object is only readable with its key, a requester-pays bucket only with
+/// the request-payer header.
+const HEAD_NEEDS: &[&str] = &[
+    "x-amz-server-side-encryption-customer-algorithm",
+    "x-amz-server-side-encryption-customer-key",
+    "x-amz-server-side-encryption-customer-key-md5",
+    "x-amz-request-payer",
+    "x-amz-expected-bucket-owner",
+];
+
 impl Proxy {
     /// Adds the condition on the object's current state to `out`.
     pub(super) async fn condition_on_current(
@@ -32,12 +43,18 @@ impl Proxy {
         if headers.contains_key(IF_MATCH) || headers.contains_key(IF_NONE_MATCH) {
             return Ok(());
         }
+        let mut head_headers = HeaderMap::new();
+        for name in HEAD_NEEDS {
+            if let Some(v) = headers.get(*name) {
+                head_headers.insert(*name, v.clone());
+            }
+        }
         let head = Outgoing {
             method: Method::HEAD,
             bucket: op.bucket.clone(),
             key: op.key.clone(),
             query: Vec::new(),
-            headers: HeaderMap::new(),
+            headers: head_headers,
             body: None,
             content_length: None,
             payload: UpstreamPayload::Empty,
@@ -54,6 +71,14 @@ impl Proxy {
             StatusCode::NOT_FOUND => {
                 out.headers
                     .insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
+            }
+            StatusCode::FORBIDDEN => {
+                return Err(S3Error::BadGateway(
+                    "the backend refused the HEAD before a conditional write (403): \
+                     fencegate's backend credential needs s3:GetObject, and s3:ListBucket \
+                     (without it a missing key answers 403)"
+                        .into(),
+                ));
             }
             s => {
                 return Err(S3Error::BadGateway(format!(

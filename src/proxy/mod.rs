@@ -287,6 +287,16 @@ impl Proxy {
             }
             _ => {}
         }
+        // A write without a body had its last check in `upstream_request`;
+        // the HEADs above took time, in which a newer token or a lapsed
+        // lease may have come: check again right before it goes.
+        if out.body.is_none()
+            && let Some(p) = &admitted.fenced.permit
+            && !p.body_complete()
+        {
+            let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
+            return Err(S3Error::aborted(p, resource));
+        }
         drop(admitted.fenced.permit);
         let resp = self.forward(out, permits).await?;
         self.respond(resp, &admitted.op, &admitted.verified, token)

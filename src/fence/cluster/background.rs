@@ -100,18 +100,27 @@ impl Cluster {
     }
 }
 
-/// Deletes ended registrations in batches. A batch that fails is retried
-/// for as long as the lease its keys were made under is the current one;
-/// once it is not, etcd expires them with it.
+/// How long deletions of a lease that is no longer current are still
+/// retried. An etcd that restarts gives every lease a fresh TTL, so keys
+/// of a lease this replica gave up on during the outage would otherwise
+/// hold newer writes for that TTL, and then for the expiry hold.
+const RETRY_AFTER_LEASE_LOST: Duration = Duration::from_secs(60);
+
+/// Deletes ended registrations in batches. Their writes have ended, so a
+/// deletion is always right; a batch that fails is retried for as long as
+/// the lease its keys were made under is the current one, and for
+/// [`RETRY_AFTER_LEASE_LOST`] after that (then etcd expires them with it).
 pub(super) async fn deregister_worker(
     cluster: Arc<Cluster>,
     mut rx: mpsc::UnboundedReceiver<(String, u64)>,
 ) {
     let mut batch = Vec::new();
     while rx.recv_many(&mut batch, DEREGISTER_BATCH).await > 0 {
-        let mut failing_since: Option<Instant> = None;
+        let started = Instant::now();
+        let mut warned = Instant::now();
         loop {
-            batch.retain(|(_, g)| cluster.lease.is_current(*g));
+            let recent = started.elapsed() < RETRY_AFTER_LEASE_LOST;
+            batch.retain(|(_, g)| recent || cluster.lease.is_current(*g));
             if batch.is_empty() {
                 break;
             }
@@ -123,10 +132,9 @@ pub(super) async fn deregister_worker(
             match call("deregister", kv.txn(etcd_client::Txn::new().and_then(ops))).await {
                 Ok(_) => break,
                 Err(e) => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > Duration::from_secs(10) {
+                    if warned.elapsed() > Duration::from_secs(10) {
                         tracing::warn!("deleting in-flight registrations keeps failing: {e}");
-                        failing_since = Some(Instant::now());
+                        warned = Instant::now();
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }

@@ -6,19 +6,28 @@
 //!
 //! Nested transactions of one batch must not put the same key (etcd refuses
 //! such a transaction whole), so a batch holds at most one admission per
-//! resource; another for the same resource waits for the next batch. The
-//! nested transactions are applied in order, atomically, so each is exactly
-//! what it would have been alone.
+//! resource; another for the same resource goes in the next batch. Up to
+//! [`IN_FLIGHT`] batches are on their way at once, so that writes to one
+//! hot resource are not queued one round trip each. The nested transactions
+//! are applied in order, atomically, so each is exactly what it would have
+//! been alone. A batch that fails is sent again one admission at a time, so
+//! that one bad admission (a registration under a lease that just expired)
+//! fails only itself.
 
 use super::keys::{self, Outcome};
 use super::{ClusterError, call};
 use etcd_client::{Client, Txn, TxnOp, TxnOpResponse};
 use std::collections::{HashSet, VecDeque};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
-/// Admissions in one transaction, at most (etcd's default `--max-txn-ops`
-/// is 128 operations per level).
+/// Admissions in one transaction, at most. etcd limits the operations of a
+/// transaction (`--max-txn-ops`, 128 by default) and gives a nested one what
+/// its parent has left: a batch of 64 admissions of up to 7 operations
+/// each needs `--max-txn-ops` of at least 71.
 const MAX_BATCH: usize = 64;
+/// Batches on their way at once.
+const IN_FLIGHT: usize = 8;
 
 pub(super) struct Admission {
     pub resource: String,
@@ -28,6 +37,7 @@ pub(super) struct Admission {
 
 /// Sends the admissions it receives, batched, until every sender is gone.
 pub(super) async fn run(client: Client, mut rx: mpsc::UnboundedReceiver<Admission>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut waiting: VecDeque<Admission> = VecDeque::new();
     loop {
         if waiting.is_empty() {
@@ -36,11 +46,22 @@ pub(super) async fn run(client: Client, mut rx: mpsc::UnboundedReceiver<Admissio
                 None => return,
             }
         }
+        // While every slot is busy, more admissions gather for the batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         while let Ok(a) = rx.try_recv() {
             waiting.push_back(a);
         }
         let batch = take_batch(&mut waiting);
-        send(&client, batch).await;
+        if batch.is_empty() {
+            continue;
+        }
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(&client, batch).await;
+            drop(slot);
+        });
     }
 }
 
@@ -51,6 +72,11 @@ fn take_batch(waiting: &mut VecDeque<Admission>) -> Vec<Admission> {
     let mut resources = HashSet::new();
     let mut later = VecDeque::new();
     while let Some(a) = waiting.pop_front() {
+        // Its request is gone (answered with an error, or the client left):
+        // its registration must not be put after the request deleted it.
+        if a.reply.is_closed() {
+            continue;
+        }
         if batch.len() < MAX_BATCH && resources.insert(a.resource.clone()) {
             batch.push(a);
         } else {
@@ -62,26 +88,19 @@ fn take_batch(waiting: &mut VecDeque<Admission>) -> Vec<Admission> {
 }
 
 async fn send(client: &Client, batch: Vec<Admission>) {
-    let mut kv = client.kv_client();
     if batch.len() == 1 {
         let a = batch.into_iter().next().expect("one");
-        let result = call("admit", kv.txn(a.txn)).await.and_then(|r| {
-            let rev = r.header().map(|h| h.revision()).unwrap_or(0);
-            keys::outcome(&r, rev).map_err(ClusterError::Etcd)
-        });
-        let _ = a.reply.send(result);
+        let _ = a.reply.send(send_one(client, a.txn).await);
         return;
     }
+    let mut kv = client.kv_client();
     let ops: Vec<TxnOp> = batch.iter().map(|a| TxnOp::txn(a.txn.clone())).collect();
     match call("admit", kv.txn(Txn::new().and_then(ops))).await {
         Ok(resp) => {
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let answers = resp.op_responses();
-            for (a, answer) in batch
-                .into_iter()
-                .zip(answers.into_iter().map(Some).chain(std::iter::repeat(None)))
-            {
-                let result = match answer {
+            let mut answers = resp.op_responses().into_iter();
+            for a in batch {
+                let result = match answers.next() {
                     Some(TxnOpResponse::Txn(r)) => {
                         keys::outcome(&r, rev).map_err(ClusterError::Etcd)
                     }
@@ -93,11 +112,25 @@ async fn send(client: &Client, batch: Vec<Admission>) {
             }
         }
         Err(e) => {
+            tracing::debug!(
+                "a batch of {} admissions failed ({e}); sending them one by one",
+                batch.len()
+            );
             for a in batch {
-                let _ = a.reply.send(Err(ClusterError::Etcd(e.to_string())));
+                if !a.reply.is_closed() {
+                    let _ = a.reply.send(send_one(client, a.txn).await);
+                }
             }
         }
     }
+}
+
+/// One admission in a transaction of its own.
+async fn send_one(client: &Client, txn: Txn) -> Result<Outcome, ClusterError> {
+    let mut kv = client.kv_client();
+    let resp = call("admit", kv.txn(txn)).await?;
+    let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+    keys::outcome(&resp, rev).map_err(ClusterError::Etcd)
 }
 
 #[cfg(test)]
@@ -117,7 +150,8 @@ mod tests {
     #[test]
     fn a_batch_holds_one_admission_per_resource_and_the_rest_keep_their_order() {
         let names = ["a", "b", "a", "c", "a", "b"];
-        let mut waiting: VecDeque<Admission> = names.iter().map(|r| admission(r).0).collect();
+        let (mut waiting, _replies): (VecDeque<_>, Vec<_>) =
+            names.iter().map(|r| admission(r)).unzip();
         let first: Vec<String> = take_batch(&mut waiting)
             .into_iter()
             .map(|a| a.resource)
@@ -138,11 +172,25 @@ mod tests {
 
     #[test]
     fn a_batch_is_at_most_max_batch_long() {
-        let mut waiting: VecDeque<Admission> = (0..MAX_BATCH + 5)
-            .map(|i| admission(&format!("r{i}")).0)
-            .collect();
+        let (mut waiting, _replies): (VecDeque<_>, Vec<_>) = (0..MAX_BATCH + 5)
+            .map(|i| admission(&format!("r{i}")))
+            .unzip();
         assert_eq!(take_batch(&mut waiting).len(), MAX_BATCH);
         assert_eq!(waiting.len(), 5);
         assert_eq!(waiting.front().unwrap().resource, format!("r{MAX_BATCH}"));
+    }
+
+    #[test]
+    fn an_admission_whose_request_is_gone_is_not_sent() {
+        let (gone, reply) = admission("a");
+        drop(reply);
+        let (kept, _reply) = admission("b");
+        let mut waiting = VecDeque::from([gone, kept]);
+        let batch: Vec<String> = take_batch(&mut waiting)
+            .into_iter()
+            .map(|a| a.resource)
+            .collect();
+        assert_eq!(batch, ["b"]);
+        assert!(waiting.is_empty());
     }
 }

@@ -148,9 +148,14 @@ impl Lease {
 
     /// Renews lease `id` until that fails past its freshness; says why.
     async fn renew(&self, client: &Client, id: i64, ttl: Duration, every: Duration) -> String {
+        // After a failure (a member gone, an election) try again soon: the
+        // lease must be renewed within its margin, not at the next tick.
+        let soon = (every / 5).max(Duration::from_millis(100));
+        let mut wait = every;
         let mut stream = None;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(wait).await;
+            wait = soon;
             if self.current().is_none() {
                 return "no keep-alive answered in time".into();
             }
@@ -174,6 +179,7 @@ impl Lease {
             match answer {
                 Ok(Ok(Some(a))) if a.ttl() > 0 => {
                     self.renewed(id, sent, ttl.min(Duration::from_secs(a.ttl() as u64)));
+                    wait = every;
                 }
                 Ok(Ok(Some(_))) => return "etcd says the lease has expired".into(),
                 _ => stream = None,

@@ -40,8 +40,9 @@ use tokio::sync::mpsc;
 /// One etcd request gives up after this long (and counts as a failure).
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Admission retries a failed transaction (a member going away, a leader
-/// election) for up to this long before it answers 503.
-const ADMIT_RETRY_FOR: Duration = Duration::from_secs(3);
+/// election) for up to this long, within `admission_wait_ms`, before it
+/// answers 503.
+const ADMIT_RETRY_FOR: Duration = Duration::from_secs(6);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -153,9 +154,12 @@ impl Cluster {
     async fn connect(
         cfg: &ClusterConfig,
     ) -> Result<(Cluster, mpsc::UnboundedReceiver<(String, u64)>), String> {
+        // A member without a leader fails a request at once (rather than
+        // holding it until an election ends), so that it is retried.
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_require_leader(true);
         let client = Client::connect(&cfg.etcd_endpoints, Some(opts))
             .await
             .map_err(|e| format!("cluster: cannot set up the etcd client: {e}"))?;
@@ -226,6 +230,10 @@ impl Cluster {
         );
         let give_up = deadline.min(tokio::time::Instant::now() + ADMIT_RETRY_FOR);
         loop {
+            // A registration under a lease that is gone can never be put.
+            if registration.is_some_and(|r| !r.fresh()) {
+                return Err(ClusterError::NoLease);
+            }
             let (reply, answer) = tokio::sync::oneshot::channel();
             let sent = self.admissions.send(batch::Admission {
                 resource: resource.to_string(),
@@ -233,9 +241,11 @@ impl Cluster {
                 reply,
             });
             let result = match sent {
-                Ok(()) => answer
-                    .await
-                    .unwrap_or_else(|_| Err(ClusterError::Etcd("admission task gone".into()))),
+                Ok(()) => match tokio::time::timeout_at(give_up, answer).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err(ClusterError::Etcd("admission task gone".into())),
+                    Err(_) => return Err(ClusterError::Etcd("admission timed out".into())),
+                },
                 Err(_) => Err(ClusterError::Etcd("admission task gone".into())),
             };
             let err = match result {

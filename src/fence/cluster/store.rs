@@ -26,10 +26,21 @@ fn store_err(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl Cluster {
+    /// A linearizable read, tried up to three times: a member that just
+    /// went away fails the requests already routed to it.
     async fn get_value(&self, key: String) -> Result<Option<Vec<u8>>, StoreError> {
-        let mut kv = self.client.kv_client();
-        let resp = call("get", kv.get(key, None)).await.map_err(store_err)?;
-        Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+        let mut last = None;
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            }
+            let mut kv = self.client.kv_client();
+            match call("get", kv.get(key.clone(), None)).await {
+                Ok(resp) => return Ok(resp.kvs().first().map(|kv| kv.value().to_vec())),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(store_err(last.expect("three attempts")))
     }
 }
 
@@ -75,19 +86,26 @@ impl FenceStore for Cluster {
             let resp = call("list", kv.get(start, Some(opts)))
                 .await
                 .map_err(store_err)?;
-            Ok(resp
-                .kvs()
+            // A key that does not parse is an error, not a gap: a short page
+            // would read as the end of the list.
+            resp.kvs()
                 .iter()
-                .filter_map(|kv| {
-                    let resource = self.keys.resource_of(kv.key())?;
-                    let (highest, raised_at_ms) = parse_fence(kv.value())?;
-                    Some(FenceRecord {
+                .map(|kv| {
+                    let bad = || {
+                        StoreError(format!(
+                            "etcd key {:?} is not a fence fencegate wrote",
+                            String::from_utf8_lossy(kv.key())
+                        ))
+                    };
+                    let resource = self.keys.resource_of(kv.key()).ok_or_else(bad)?;
+                    let (highest, raised_at_ms) = parse_fence(kv.value()).ok_or_else(bad)?;
+                    Ok(FenceRecord {
                         resource: resource.to_string(),
                         highest,
                         raised_at_ms,
                     })
                 })
-                .collect())
+                .collect()
         })
     }
 

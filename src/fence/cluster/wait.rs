@@ -28,6 +28,8 @@ impl Cluster {
         let (low, high) = self.keys.inflight_below(resource, token);
         let mut left = lower;
         let mut from = revision + 1;
+        // etcd errors (a member gone, an election) are retried until the
+        // deadline: the wait ends only when the writes are surely gone.
         let wait = async {
             while !left.is_empty() {
                 if let Err(e) = self.watch_deletes(&low, &high, from, &mut left).await {
@@ -35,12 +37,28 @@ impl Cluster {
                     // what is left, and go on from there.
                     tracing::debug!("watch on {resource} broke: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    let (rev, still) = self.lower_now(&low, &high).await?;
-                    left.retain(|k, _| still.contains(k));
-                    from = rev + 1;
+                    match self.lower_now(&low, &high).await {
+                        Ok((rev, still)) => {
+                            left.retain(|k, _| still.contains(k));
+                            from = rev + 1;
+                        }
+                        Err(e) => tracing::debug!("reading {resource}'s writes in flight: {e}"),
+                    }
                 }
             }
-            if !self.expired_hold.is_zero() && self.any_expired(&leases).await? {
+            let expired = loop {
+                if self.expired_hold.is_zero() {
+                    break false;
+                }
+                match self.any_expired(&leases).await {
+                    Ok(x) => break x,
+                    Err(e) => {
+                        tracing::debug!("asking etcd for leases: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            };
+            if expired {
                 tracing::info!(
                     resource,
                     hold_ms = self.expired_hold.as_millis() as u64,
