@@ -27,7 +27,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 /// each needs `--max-txn-ops` of at least 71.
 const MAX_BATCH: usize = 64;
 /// Batches on their way at once.
-const IN_FLIGHT: usize = 8;
+const IN_FLIGHT: usize = 2;
 
 pub(super) struct Admission {
     pub resource: String,
