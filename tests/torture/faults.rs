@@ -267,6 +267,24 @@ async fn serve(
     }
 }
 
+/// `kill -9` of `fg` and a start again on its config and data, off the
+/// runtime's threads; `hop` then points at the new port, which it returns.
+pub async fn kill9_behind(
+    fg: &Arc<Mutex<crate::common::fencegate::Fencegate>>,
+    hop: &Hop,
+) -> SocketAddr {
+    let fg = fg.clone();
+    let addr = tokio::task::spawn_blocking(move || {
+        let mut g = fg.lock().unwrap();
+        g.kill9_and_restart();
+        g.s3
+    })
+    .await
+    .unwrap();
+    hop.set_target(addr);
+    addr
+}
+
 /// `kill -9` of fencegate at random intervals in `every_ms`, each followed
 /// by a restart on the same config and data directory; `hop` is pointed at
 /// the new port. Runs until `stop`; returns how many kills it made.
@@ -289,15 +307,7 @@ pub async fn kill9_loop(
         for h in &hists {
             h.event("kill9 fencegate".into());
         }
-        let fg = fg.clone();
-        let addr = tokio::task::spawn_blocking(move || {
-            let mut g = fg.lock().unwrap();
-            g.kill9_and_restart();
-            g.s3
-        })
-        .await
-        .unwrap();
-        hop.set_target(addr);
+        let addr = kill9_behind(&fg, &hop).await;
         kills += 1;
         for h in &hists {
             h.event(format!("fencegate restarted on {addr}"));
