@@ -118,11 +118,7 @@ pub async fn export(base: &str, out: &mut dyn std::io::Write) -> Result<u64, Str
         }
         let page: super::transfer::Page =
             serde_json::from_slice(&body).map_err(|e| format!("admin API answer: {e}"))?;
-        for r in &page.fences {
-            let line = serde_json::to_string(r).map_err(|e| e.to_string())?;
-            writeln!(out, "{line}").map_err(|e| e.to_string())?;
-            n += 1;
-        }
+        n += super::transfer::write_lines(&page.fences, out)?;
         match page.next_after {
             Some(a) => after = Some(a),
             None => return Ok(n),

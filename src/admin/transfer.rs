@@ -44,16 +44,22 @@ pub async fn export(store: &dyn FenceStore, out: &mut dyn Write) -> Result<u64, 
             .list("", after.as_deref(), PAGE)
             .await
             .map_err(|e| e.to_string())?;
-        for r in &page {
-            let line = serde_json::to_string(r).map_err(|e| e.to_string())?;
-            writeln!(out, "{line}").map_err(|e| e.to_string())?;
-            n += 1;
-        }
+        n += write_lines(&page, out)?;
         match page.last() {
             Some(last) if page.len() == PAGE => after = Some(last.resource.clone()),
             _ => return Ok(n),
         }
     }
+}
+
+/// Writes `records` to `out`, one JSON object per line (the form `import`
+/// reads). Returns how many.
+pub fn write_lines(records: &[FenceRecord], out: &mut dyn Write) -> Result<u64, String> {
+    for r in records {
+        let line = serde_json::to_string(r).map_err(|e| e.to_string())?;
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+    }
+    Ok(records.len() as u64)
 }
 
 #[derive(Deserialize)]

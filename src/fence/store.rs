@@ -71,7 +71,8 @@ pub struct RedbStore {
 /// resources the file holds.
 const CACHE_BYTES: usize = 16 << 20;
 
-fn now_ms() -> u64 {
+/// Unix time in milliseconds (the raise time kept with a fence).
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

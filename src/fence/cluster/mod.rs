@@ -226,7 +226,7 @@ impl Cluster {
             resource,
             token,
             registration.map(|r| (r.key.as_str(), r.lease)),
-            store::now_ms(),
+            crate::fence::store::now_ms(),
         );
         let give_up = deadline.min(tokio::time::Instant::now() + ADMIT_RETRY_FOR);
         loop {

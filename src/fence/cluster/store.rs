@@ -7,14 +7,6 @@ use super::{Cluster, call};
 use crate::fence::store::{FenceRecord, FenceStore, MAX_OPEN_UPLOADS, StoreError};
 use etcd_client::GetOptions;
 use futures_util::future::BoxFuture;
-use std::time::{SystemTime, UNIX_EPOCH};
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Raises by tools and the admin API retry for the usual few seconds.
 fn far_deadline() -> tokio::time::Instant {
