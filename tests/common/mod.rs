@@ -15,13 +15,32 @@ pub mod relay;
 pub mod replicas;
 pub mod zookeeper;
 
-/// A free loopback port (bound, read, released) for a service a test starts.
+/// A free loopback port for a service a test starts (Garage, etcd, moto, ...).
+///
+/// Ports come from below the kernel's ephemeral range, so that no outgoing
+/// connection of this or any other process can take the port between this
+/// check and the service's own bind (a port from `bind(0)` could, and once
+/// did in CI: Garage panicked with AddrInUse). Each test binary starts at
+/// an offset drawn from its pid and counts up, and a port is only handed out
+/// when it can be bound right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&h| h > LOW + 1_000)
+        .unwrap_or(32_768);
+    let span = high - LOW;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {high}");
 }
 
 /// Polls `ok` every 50 ms until it holds or `secs` pass; panics with `what`.

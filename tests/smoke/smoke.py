@@ -121,11 +121,32 @@ def versions():
     print("clients: " + first_line(["s3cmd", "--version"]))
 
 
+_next_port = [0]
+
+
 def free_port():
+    """A bindable loopback port from below the kernel's ephemeral range, so
+    that no outgoing connection can take it before the service binds it
+    (the same rule as tests/common/mod.rs)."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    low = 10000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    span = max(high - low, 1000)
+    start = (os.getpid() * 7919) % span
+    for _ in range(span):
+        port = low + (start + _next_port[0]) % span
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free loopback port")
 
 
 def conditional_writes_on_moto():
