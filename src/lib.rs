@@ -19,6 +19,8 @@
 //!   records one.
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
+//! - [`utc`]: calendar dates from Unix seconds (SigV4 dates, log lines).
+//! - [`access_log`] (→ utc): the request line, formatted by hand.
 //!
 //! The fence (→ config, metric_names):
 //!
@@ -94,6 +96,7 @@
 //! fencegate replicas (in etcd, say) can replace redb without touching the
 //! check.
 
+pub mod access_log;
 pub mod admin;
 pub mod bench;
 pub mod body;
@@ -107,3 +110,4 @@ pub mod s3;
 pub mod server;
 pub mod tls;
 pub mod upstream;
+pub mod utc;

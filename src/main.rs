@@ -246,6 +246,7 @@ fn init_logging(format: LogFormat, level: &str) -> tracing_appender::non_blockin
             64 << 10,
             std::io::stderr(),
         ));
+    fencegate::access_log::install(format == LogFormat::Json, writer.clone());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);

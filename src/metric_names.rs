@@ -41,3 +41,53 @@ pub const ETCD_REQUESTS: &str = "fencegate_etcd_requests_total";
 /// Cluster mode: 1 while this replica's lease is surely alive, 0 while it
 /// is not (then no write is admitted here).
 pub const CLUSTER_LEASE_FRESH: &str = "fencegate_cluster_lease_fresh";
+
+/// Handles of the metrics recorded on every request, each looked up in the
+/// recorder once per process (per thread for `requests`) rather than per
+/// event: a lookup hashes the name and labels into a sharded map, which
+/// cost more than the increment (BENCHMARKS.md, "CPU per request"). This
+/// holds because `server::start` installs the recorder before the first
+/// request; a process without one gets no-op handles, as it would anyway.
+pub mod handles {
+    use metrics::{Counter, Gauge, Histogram};
+    use std::sync::OnceLock;
+
+    macro_rules! handle {
+        ($fn:ident, $ty:ty, $macro:ident, $name:expr) => {
+            pub fn $fn() -> &'static $ty {
+                static H: OnceLock<$ty> = OnceLock::new();
+                H.get_or_init(|| metrics::$macro!($name))
+            }
+        };
+    }
+    handle!(bytes_in, Counter, counter, super::BYTES_IN);
+    handle!(bytes_out, Counter, counter, super::BYTES_OUT);
+    handle!(inflight_writes, Gauge, gauge, super::INFLIGHT_WRITES);
+    handle!(
+        upstream_latency,
+        Histogram,
+        histogram,
+        super::UPSTREAM_LATENCY
+    );
+    handle!(admission_wait, Histogram, histogram, super::ADMISSION_WAIT);
+
+    /// Counts one request in `fencegate_requests_total{op, outcome}`. Both labels are static
+    /// strings: the cache is keyed by their addresses (one label spelt at
+    /// two addresses takes two entries for the same counter, which is
+    /// harmless) and bounded by the labels in the binary.
+    pub fn count_request(op: &'static str, outcome: &'static str) {
+        use std::cell::RefCell;
+        thread_local! {
+            static CACHE: RefCell<Vec<(usize, usize, Counter)>> = const { RefCell::new(Vec::new()) };
+        }
+        let key = (op.as_ptr() as usize, outcome.as_ptr() as usize);
+        CACHE.with_borrow_mut(|cache| {
+            if let Some((_, _, c)) = cache.iter().find(|(o, d, _)| (*o, *d) == key) {
+                return c.increment(1);
+            }
+            let c = metrics::counter!(super::REQUESTS, "op" => op, "outcome" => outcome);
+            c.increment(1);
+            cache.push((key.0, key.1, c));
+        })
+    }
+}

@@ -70,7 +70,7 @@ impl Proxy {
             hold: Some(hold),
         };
         let result = std::future::poll_fn(|cx| pending.poll_head(cx)).await;
-        metrics::histogram!(m::UPSTREAM_LATENCY).record(sent.elapsed().as_secs_f64());
+        m::handles::upstream_latency().record(sent.elapsed().as_secs_f64());
         let hold = pending.hold.take().expect("held until the head arrives");
         let resp = match result {
             Ok(resp) => resp,

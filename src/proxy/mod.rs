@@ -186,7 +186,16 @@ impl Proxy {
 
     fn request_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        format!("{:08X}{:08X}", self.id_prefix, n)
+        // `{:08X}{:08X}` of the prefix and the count, without `format!`.
+        let digits = 8.max(16 - n.leading_zeros() as usize / 4);
+        let hex = |v: u64, width: usize| {
+            (0..width)
+                .rev()
+                .map(move |i| char::from(b"0123456789ABCDEF"[(v >> (i * 4)) as usize & 0xf]))
+        };
+        hex(self.id_prefix.into(), 8)
+            .chain(hex(n, digits))
+            .collect()
     }
 
     /// Handles one request; never fails (errors become S3 XML responses).
@@ -227,11 +236,11 @@ impl Proxy {
                 Response::from_parts(parts, full(b))
             }
         };
-        metrics::counter!(m::REQUESTS, "op" => ctx.op, "outcome" => ctx.decision).increment(1);
+        m::handles::count_request(ctx.op, ctx.decision);
         let resp = resp.map(|b| {
             b.map_frame(|f| {
                 if let Some(d) = f.data_ref() {
-                    metrics::counter!(m::BYTES_OUT).increment(d.len() as u64);
+                    m::handles::bytes_out().increment(d.len() as u64);
                 }
                 f
             })
@@ -315,15 +324,20 @@ impl Proxy {
             return Err(S3Error::RequestHeaderSectionTooLarge);
         }
         let query = query::decode_query(head.uri.query());
-        // A set, not a scan per parameter: a long query must not cost
-        // quadratic time.
-        let mut names = std::collections::HashSet::with_capacity(query.len());
-        for (k, _) in &query {
-            if !names.insert(k.as_str()) {
-                return Err(S3Error::InvalidArgument(format!(
-                    "query parameter {k:?} is given more than once"
-                )));
-            }
+        // A short query (a presigned URL has eight names) is scanned; a
+        // long one goes through a set, so that it cannot cost quadratic
+        // time.
+        let repeated = if query.len() <= 16 {
+            (1..query.len()).find(|&i| query[..i].iter().any(|(k, _)| *k == query[i].0))
+        } else {
+            let mut names = std::collections::HashSet::with_capacity(query.len());
+            query.iter().position(|(k, _)| !names.insert(k.as_str()))
+        };
+        if let Some(i) = repeated {
+            return Err(S3Error::InvalidArgument(format!(
+                "query parameter {:?} is given more than once",
+                query[i].0
+            )));
         }
         Ok(query)
     }
@@ -492,7 +506,7 @@ impl Proxy {
         };
         let admitting = Instant::now();
         let admitted = self.gate.admit(&resource, token, kind).await;
-        metrics::histogram!(m::ADMISSION_WAIT).record(admitting.elapsed().as_secs_f64());
+        m::handles::admission_wait().record(admitting.elapsed().as_secs_f64());
         let permit = admitted.map_err(|r| S3Error::from_refusal(r, &resource))?;
         Ok(Fenced {
             resource: Some(resource),
@@ -556,32 +570,22 @@ impl Proxy {
 impl RequestCtx {
     /// The one log event of a request.
     fn log(&self, status: u16) {
-        let elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        macro_rules! event {
-            ($level:ident) => {
-                tracing::$level!(
-                    request_id = %self.request_id,
-                    method = %self.method,
-                    op = self.op,
-                    bucket = self.bucket.as_deref().unwrap_or(""),
-                    key = self.key.as_deref().unwrap_or(""),
-                    access_key = self.access_key.as_deref().unwrap_or(""),
-                    resource = self.resource.as_deref().unwrap_or(""),
-                    token = self.token.map(|t| t.to_string()).unwrap_or_default(),
-                    highest = self.highest.map(|t| t.to_string()).unwrap_or_default(),
-                    decision = self.decision,
-                    payload = self.payload,
-                    status,
-                    bytes_in = self.bytes_in,
-                    duration_ms = elapsed_ms,
-                    "request"
-                )
-            };
-        }
-        if self.decision == "stale" {
-            event!(warn);
-        } else {
-            event!(info);
-        }
+        crate::access_log::write(&crate::access_log::Line {
+            request_id: &self.request_id,
+            method: self.method.as_str(),
+            op: self.op,
+            bucket: self.bucket.as_deref().unwrap_or(""),
+            key: self.key.as_deref().unwrap_or(""),
+            access_key: self.access_key.as_deref().unwrap_or(""),
+            resource: self.resource.as_deref().unwrap_or(""),
+            token: self.token,
+            highest: self.highest,
+            decision: self.decision,
+            payload: self.payload,
+            status,
+            bytes_in: self.bytes_in,
+            elapsed: self.started.elapsed(),
+            warn: self.decision == "stale",
+        });
     }
 }

@@ -34,7 +34,7 @@ pub fn incoming(body: hyper::body::Incoming, idle: Duration) -> ByteStream {
                     Ok(Some(Ok(frame))) => frame,
                 };
                 if let Ok(data) = item.into_data() {
-                    metrics::counter!(m::BYTES_IN).increment(data.len() as u64);
+                    m::handles::bytes_in().increment(data.len() as u64);
                     return Some((Ok(data), (body, false)));
                 }
             }

@@ -90,23 +90,10 @@ pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> S
 
 /// `YYYYMMDDTHHMMSSZ` for a Unix time in seconds.
 pub fn amz_date(unix: u64) -> String {
-    // Civil date from days (Howard Hinnant's algorithm).
-    let days = (unix / 86_400) as i64;
-    let secs = unix % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let t = crate::utc::civil(unix);
     format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
     )
 }
 

@@ -193,7 +193,7 @@ impl Drop for Permit {
             let mut st = self.slot.lock();
             st.inflight.retain(|e| e.id != self.id);
         }
-        metrics::gauge!(m::INFLIGHT_WRITES).decrement(1.0);
+        m::handles::inflight_writes().decrement(1.0);
         self.slot.changed.notify_waiters();
         // The registration, if any, deletes itself as it drops.
     }
@@ -428,7 +428,7 @@ fn push_entry(
     let id = st.next_id;
     st.next_id += 1;
     let abort = Arc::new(AbortSignal::default());
-    metrics::gauge!(m::INFLIGHT_WRITES).increment(1.0);
+    m::handles::inflight_writes().increment(1.0);
     st.inflight.push(Entry {
         id,
         token,
