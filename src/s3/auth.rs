@@ -153,18 +153,25 @@ struct Claim<'a> {
 impl Claim<'_> {
     /// `date/region/service/aws4_request`.
     fn scope(&self) -> String {
-        format!(
-            "{}/{}/{}/aws4_request",
-            self.date, self.region, self.service
-        )
+        [self.date, self.region, self.service, "aws4_request"].join("/")
     }
 }
 
 /// `KEY/DATE/REGION/SERVICE/aws4_request`, split; `None` if it is not that.
 fn split_credential(credential: &str) -> Option<[&str; 4]> {
-    let scope: Vec<&str> = credential.split('/').collect();
-    match scope[..] {
-        [key, date, region, service, "aws4_request"] => Some([key, date, region, service]),
+    let mut parts = credential.split('/');
+    let scope = [(); 5].map(|_| parts.next());
+    match (scope, parts.next()) {
+        (
+            [
+                Some(key),
+                Some(date),
+                Some(region),
+                Some(service),
+                Some("aws4_request"),
+            ],
+            None,
+        ) => Some([key, date, region, service]),
         _ => None,
     }
 }

@@ -10,7 +10,10 @@ pub fn decode_query(raw: Option<&str>) -> Vec<(String, String)> {
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            let dec = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
+            let dec = |s: &str| match s.contains('%') {
+                false => s.to_string(),
+                true => percent_decode_str(s).decode_utf8_lossy().into_owned(),
+            };
             (dec(k), dec(v))
         })
         .collect()

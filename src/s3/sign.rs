@@ -9,7 +9,7 @@ use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use super::sigv4::{
     Head, KeyCache, amz_date, canonical_request, hex_lower, hmac, signing_key, string_to_sign,
 };
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One backend credential, and the key last derived for it.
@@ -45,10 +45,14 @@ impl HeaderSigner {
         now: SystemTime,
     ) -> Result<(), S3Error> {
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let date = amz_date(secs);
+        let date_value = this_second(secs);
+        let date = date_value
+            .to_str()
+            .expect("an amz date is ASCII")
+            .to_string();
         let day = &date[..8];
-        headers.insert(X_AMZ_DATE, header(&date)?);
-        headers.insert(X_AMZ_CONTENT_SHA256, header(payload)?);
+        headers.insert(AMZ_DATE, date_value);
+        headers.insert(AMZ_CONTENT_SHA256, header(payload)?);
         headers.remove(http::header::AUTHORIZATION);
         let mut names: Vec<&str> = headers.keys().map(|n| n.as_str()).collect();
         names.sort_unstable();
@@ -60,21 +64,54 @@ impl HeaderSigner {
             headers,
         };
         let canonical = canonical_request(&head, &names, false, Some(payload))?;
-        let scope = format!("{day}/{}/s3/aws4_request", self.region);
+        let scope = [day, &self.region, "s3/aws4_request"].join("/");
         let signature = hex_lower(&hmac(
             &(self.day_key).get(day, || {
                 signing_key(&self.secret_key, day, &self.region, "s3")
             }),
             string_to_sign(&date, &scope, &canonical).as_bytes(),
         ));
-        let authorization = format!(
-            "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={}, Signature={signature}",
-            self.access_key,
-            names.join(";"),
-        );
+        let mut authorization = String::with_capacity(256);
+        for part in [
+            "AWS4-HMAC-SHA256 Credential=",
+            &self.access_key,
+            "/",
+            &scope,
+            ", SignedHeaders=",
+        ] {
+            authorization.push_str(part);
+        }
+        for (i, name) in names.iter().enumerate() {
+            if i > 0 {
+                authorization.push(';');
+            }
+            authorization.push_str(name);
+        }
+        authorization.push_str(", Signature=");
+        authorization.push_str(&signature);
         headers.insert(http::header::AUTHORIZATION, header(&authorization)?);
         Ok(())
     }
+}
+
+const AMZ_DATE: HeaderName = HeaderName::from_static(X_AMZ_DATE);
+const AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static(X_AMZ_CONTENT_SHA256);
+
+/// `x-amz-date` for `secs` as a header value, formatted once per second
+/// per thread.
+fn this_second(secs: u64) -> HeaderValue {
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((s, value)) if *s == secs => value.clone(),
+        _ => {
+            let value = HeaderValue::from_str(&amz_date(secs)).expect("an amz date is ASCII");
+            *last = Some((secs, value.clone()));
+            value
+        }
+    })
 }
 
 fn header(s: &str) -> Result<HeaderValue, S3Error> {

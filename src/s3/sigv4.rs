@@ -82,10 +82,15 @@ impl KeyCache {
 /// scope (`date/region/service/aws4_request`) and the hash of the canonical
 /// request.
 pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
-    format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        sha256_hex(canonical_request.as_bytes())
-    )
+    const ALGORITHM: &str = "AWS4-HMAC-SHA256\n";
+    let mut out = String::with_capacity(ALGORITHM.len() + amz_date.len() + scope.len() + 66);
+    out.push_str(ALGORITHM);
+    out.push_str(amz_date);
+    out.push('\n');
+    out.push_str(scope);
+    out.push('\n');
+    out.push_str(&sha256_hex(canonical_request.as_bytes()));
+    out
 }
 
 /// `YYYYMMDDTHHMMSSZ` for a Unix time in seconds.
@@ -152,20 +157,35 @@ pub fn canonical_uri(raw_path: &str) -> String {
     if enc.is_empty() { "/".into() } else { enc }
 }
 
+/// `s` percent-encoded with SigV4's strict set; borrowed when nothing in it
+/// needs encoding (a plain scan, cheaper than the encoder's iterator).
+fn strict_encoded(s: &str) -> std::borrow::Cow<'_, str> {
+    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+    if s.bytes().all(unreserved) {
+        s.into()
+    } else {
+        utf8_percent_encode(s, STRICT).to_string().into()
+    }
+}
+
+/// Appends `s` percent-encoded with `set` (`STRICT` or `PATH`), chunk by
+/// chunk, with no string in between.
+pub fn push_encoded(out: &mut String, s: &str, set: &'static AsciiSet) {
+    out.extend(utf8_percent_encode(s, set));
+}
+
 /// The canonical query string from decoded pairs, skipping `skip`: each
 /// name and value percent-encoded (borrowed when nothing needs encoding),
 /// sorted, joined.
 pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String {
     use std::borrow::Cow;
+    if pairs.is_empty() {
+        return String::new();
+    }
     let mut enc: Vec<(Cow<'_, str>, Cow<'_, str>)> = pairs
         .iter()
         .filter(|(k, _)| Some(k.as_str()) != skip)
-        .map(|(k, v)| {
-            (
-                utf8_percent_encode(k, STRICT).into(),
-                utf8_percent_encode(v, STRICT).into(),
-            )
-        })
+        .map(|(k, v)| (strict_encoded(k), strict_encoded(v)))
         .collect();
     enc.sort_unstable();
     let len = enc.iter().map(|(k, v)| k.len() + v.len() + 2).sum();

@@ -9,14 +9,13 @@ use crate::s3::headers::{
     X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER,
 };
 use crate::s3::sign::HeaderSigner;
-use crate::s3::sigv4::{EMPTY_SHA256, PATH, STRICT};
+use crate::s3::sigv4::{EMPTY_SHA256, PATH, STRICT, push_encoded};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
-use percent_encoding::utf8_percent_encode;
 use std::time::{Duration, SystemTime};
 
 pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
@@ -170,37 +169,30 @@ impl Upstream {
     }
 
     fn uri(&self, out: &Outgoing) -> Result<Uri, S3Error> {
-        let mut path = String::from("/");
+        let scheme = self.target.endpoint.scheme_str().unwrap_or("http");
+        let authority = self.host.to_str().unwrap_or_default();
+        let mut uri = String::with_capacity(64);
+        for part in [scheme, "://", authority, "/"] {
+            uri.push_str(part);
+        }
         if let Some(b) = &out.bucket {
             if !self.target.virtual_host {
-                path.push_str(&utf8_percent_encode(b, STRICT).to_string());
+                push_encoded(&mut uri, b, STRICT);
                 if out.key.is_some() {
-                    path.push('/');
+                    uri.push('/');
                 }
             }
             if let Some(k) = &out.key {
-                path.push_str(&utf8_percent_encode(k, PATH).to_string());
+                push_encoded(&mut uri, k, PATH);
             }
         }
-        if !out.query.is_empty() {
-            path.push('?');
-            let q: Vec<String> = out
-                .query
-                .iter()
-                .map(|(k, v)| {
-                    format!(
-                        "{}={}",
-                        utf8_percent_encode(k, STRICT),
-                        utf8_percent_encode(v, STRICT)
-                    )
-                })
-                .collect();
-            path.push_str(&q.join("&"));
+        for (i, (k, v)) in out.query.iter().enumerate() {
+            uri.push(if i == 0 { '?' } else { '&' });
+            push_encoded(&mut uri, k, STRICT);
+            uri.push('=');
+            push_encoded(&mut uri, v, STRICT);
         }
-        let scheme = self.target.endpoint.scheme_str().unwrap_or("http");
-        let authority = self.host.to_str().unwrap_or_default();
-        format!("{scheme}://{authority}{path}")
-            .parse()
+        Uri::try_from(uri)
             .map_err(|e| S3Error::InvalidArgument(format!("cannot build upstream URL: {e}")))
     }
 
