@@ -55,7 +55,8 @@
 //!
 //! The backend (→ s3, tls):
 //!
-//! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`.
+//! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`;
+//!   [`upstream::pool`]: the kept connections to the backend.
 //! - [`upstream::embedded`]: s3s-fs on a loopback port, the default store.
 //!
 //! A request's life (→ fence, s3, upstream, body, config, metric_names):

@@ -2,6 +2,7 @@
 //! re-signing with the backend's credentials (`s3::sign`, the same SigV4
 //! code that verifies clients), and a streaming body both ways.
 
+use super::pool::Pool;
 use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
 use crate::s3::headers::{
@@ -14,8 +15,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::HttpConnector;
 use std::time::{Duration, SystemTime};
 
 pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
@@ -57,10 +57,10 @@ pub struct BackendTarget {
     pub virtual_host: bool,
 }
 
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+pub(crate) type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 pub struct Upstream {
-    client: Client<Connector, UpstreamBody>,
+    pool: Pool,
     target: BackendTarget,
     host: HeaderValue,
     timeout: Duration,
@@ -141,16 +141,14 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let pool = Pool::new(connector, target.endpoint.clone(), Duration::from_secs(30));
         let signer = HeaderSigner::new(
             &target.access_key_id,
             &target.secret_access_key,
             &target.region,
         );
         Ok(Upstream {
-            client,
+            pool,
             signer,
             target,
             host,
@@ -229,17 +227,18 @@ impl Upstream {
             let now = SystemTime::now();
             (self.signer).sign(method, path, &out.query, &mut headers, payload, now)?;
         }
+        // On the wire, the path and query alone (origin form).
         let mut req = Request::builder()
             .method(out.method)
-            .uri(uri)
+            .uri(uri.path_and_query().map_or("/", |pq| pq.as_str()))
             .body(body)
             .map_err(|e| S3Error::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
             Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(body_error(&e)
-                .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&e))))),
+            Ok(Err(e)) => Err(body_error(&*e)
+                .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&*e))))),
         }
     }
 }

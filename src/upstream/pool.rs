@@ -1,0 +1,222 @@
+//! The backend's connections, kept open between requests: one list of
+//! HTTP/1 connections (hyper's `client::conn::http1`), each driven by a
+//! task of its own, handed out last-used first.
+//!
+//! It replaces hyper-util's general-purpose pool, which, for one backend,
+//! did more per request than the request needed (a checkout future keyed
+//! by scheme and host, a task spawned per response to return the
+//! connection; BENCHMARKS.md, "CPU per request"). The rules:
+//!
+//! - A connection is out of the list while a request is being sent on it,
+//!   and back in as soon as the answer's head came; hyper reports it ready
+//!   again once that answer's body has been read to its end, and only a
+//!   ready connection is handed out. One whose answer was dropped halfway
+//!   is closed by hyper and leaves the list.
+//! - A request that hyper hands back unsent (the backend closed a kept
+//!   connection just as it was picked) is sent again on a new connection;
+//!   one that was sent, even in part, is never sent twice.
+//! - Connections idle for longer than `idle` are closed when the list is
+//!   next looked at; the list never keeps more than `MAX_KEPT`.
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper::{Request, Response, Uri};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tower_service::Service;
+
+use super::client::{Connector, UpstreamBody};
+type Sender = http1::SendRequest<UpstreamBody>;
+
+/// More connections than this are closed after their answer rather than
+/// kept.
+const MAX_KEPT: usize = 1024;
+
+pub struct Pool {
+    connector: Connector,
+    endpoint: Uri,
+    idle: Duration,
+    /// (last used, connection), most recently used last.
+    kept: Mutex<Vec<(Instant, Sender)>>,
+}
+
+/// Why a request got no answer.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+impl Pool {
+    pub fn new(connector: Connector, endpoint: Uri, idle: Duration) -> Pool {
+        Pool {
+            connector,
+            endpoint,
+            idle,
+            kept: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sends `req` (origin-form URI, `Host` set) on a kept connection, or
+    /// on a new one; resolves with the answer's head.
+    pub async fn send(&self, mut req: Request<UpstreamBody>) -> Result<Response<Incoming>, Error> {
+        loop {
+            let (mut sender, reused) = match self.checkout() {
+                Some(s) => (s, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    self.keep(sender);
+                    return Ok(resp);
+                }
+                Err(mut e) => match e.take_message() {
+                    // Unsent on a kept connection that went away: again,
+                    // on a new connection.
+                    Some(unsent) if reused => req = unsent,
+                    _ => return Err(e.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// The most recently used ready connection, if any; drops closed and
+    /// expired ones on the way. The lock covers a scan of the list.
+    fn checkout(&self) -> Option<Sender> {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let expired = |used: Instant, s: &Sender| s.is_ready() && now - used > self.idle;
+        kept.retain(|(used, s)| !(s.is_closed() || expired(*used, s)));
+        let i = kept.iter().rposition(|(_, s)| s.is_ready())?;
+        Some(kept.remove(i).1)
+    }
+
+    fn keep(&self, sender: Sender) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < MAX_KEPT {
+            kept.push((Instant::now(), sender));
+        }
+    }
+
+    async fn connect(&self) -> Result<Sender, Error> {
+        let io = self.connector.clone().call(self.endpoint.clone()).await?;
+        let (sender, conn) = http1::Builder::new().handshake(io).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("backend connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Empty};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A backend that answers every request on a connection with an empty
+    /// 200 and counts its connections; with `close_after_answer` it closes
+    /// each connection, silently, right after its first answer.
+    async fn backend(close_after_answer: bool) -> (Uri, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.clear();
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if sock.write_all(answer).await.is_err() || close_after_answer {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (uri, accepted)
+    }
+
+    fn pool(endpoint: Uri) -> Pool {
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(crate::tls::client_config_without_roots().unwrap())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Pool::new(connector, endpoint, Duration::from_secs(30))
+    }
+
+    async fn get(pool: &Pool, endpoint: &Uri) -> http::StatusCode {
+        let req = Request::builder()
+            .uri("/bucket/key")
+            .header("host", endpoint.authority().unwrap().as_str())
+            .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+            .unwrap();
+        let resp = pool.send(req).await.expect("an answer");
+        let status = resp.status();
+        resp.into_body().collect().await.unwrap();
+        status
+    }
+
+    #[tokio::test]
+    async fn one_connection_serves_requests_one_after_another() {
+        let (endpoint, accepted) = backend(false).await;
+        let pool = pool(endpoint.clone());
+        for _ in 0..10 {
+            assert_eq!(get(&pool, &endpoint).await, 200);
+            // hyper marks the connection ready once it has read the end
+            // of the answer, on its own task.
+            tokio::task::yield_now().await;
+        }
+        assert!(accepted.load(Ordering::SeqCst) <= 2, "{accepted:?}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_backend_closed_is_not_used_again() {
+        let (endpoint, accepted) = backend(true).await;
+        let pool = pool(endpoint.clone());
+        for _ in 0..5 {
+            assert_eq!(get(&pool, &endpoint).await, 200);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_each_get_an_answer() {
+        let (endpoint, accepted) = backend(false).await;
+        let pool = Arc::new(pool(endpoint.clone()));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (pool, endpoint) = (pool.clone(), endpoint.clone());
+                tokio::spawn(async move { get(&pool, &endpoint).await })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), 200);
+        }
+        let opened = accepted.load(Ordering::SeqCst);
+        assert!((1..=16).contains(&opened), "{opened}");
+        // Afterwards they are all kept and reused, none opened anew.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..8 {
+            assert_eq!(get(&pool, &endpoint).await, 200);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), opened);
+    }
+}
