@@ -268,7 +268,11 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// Strips hop-by-hop headers from a backend response.
 pub fn clean_response_headers(headers: &mut HeaderMap) {
-    for h in HOP_BY_HOP {
-        headers.remove(*h);
+    // A scan of the few headers an answer has, cheaper than a lookup per
+    // hop-by-hop name when (as nearly always) there is none.
+    if headers.keys().any(|n| HOP_BY_HOP.contains(&n.as_str())) {
+        for h in HOP_BY_HOP {
+            headers.remove(*h);
+        }
     }
 }
