@@ -1,6 +1,6 @@
 //! The access log: one line per request, formatted by hand into a reused
-//! buffer and handed to the same non-blocking writer as every other log
-//! line (`main.rs` installs it). Formatting the line through `tracing`'s
+//! buffer and appended to the same [`LogBuffer`] as every other log line
+//! (`main.rs` installs it). Formatting the line through `tracing`'s
 //! `fmt` layer, a `Display` call per field, was the single largest item
 //! of fencegate's own work per request (BENCHMARKS.md, "CPU per request").
 //!
@@ -12,14 +12,14 @@
 //! written only when the log filter lets `fencegate::proxy` log at that
 //! level. Without an installed writer (fencegate used as a library, the
 //! in-process tests) the line goes through `tracing` as an event.
-//! A leaf module: it depends on `utc` only.
+//! It depends on `utc` and `log_buffer` only.
 
+use crate::log_buffer::LogBuffer;
 use crate::utc;
 use std::cell::RefCell;
 use std::io::Write;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tracing_appender::non_blocking::NonBlocking;
 
 /// What one request's line says.
 pub struct Line<'a> {
@@ -43,13 +43,13 @@ pub struct Line<'a> {
 
 struct Sink {
     json: bool,
-    writer: NonBlocking,
+    writer: LogBuffer,
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
 
 /// Sends access lines to `writer` from now on (once per process).
-pub fn install(json: bool, writer: NonBlocking) {
+pub fn install(json: bool, writer: LogBuffer) {
     let _ = SINK.set(Sink { json, writer });
 }
 
@@ -76,9 +76,7 @@ pub fn write(line: &Line) {
         } else {
             human(buf, line, SystemTime::now());
         }
-        // NonBlocking queues the bytes for its thread; it blocks (never
-        // drops) when that queue is full.
-        let _ = sink.writer.clone().write_all(buf);
+        sink.writer.append(buf);
     });
 }
 

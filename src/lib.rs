@@ -20,7 +20,9 @@
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
 //! - [`utc`]: calendar dates from Unix seconds (SigV4 dates, log lines).
-//! - [`access_log`] (→ utc): the request line, formatted by hand.
+//! - [`log_buffer`]: log lines on their way to stderr, written out in
+//!   batches by a thread of their own.
+//! - [`access_log`] (→ utc, log_buffer): the request line, formatted by hand.
 //!
 //! The fence (→ config, metric_names):
 //!
@@ -105,6 +107,7 @@ pub mod cli;
 pub mod config;
 pub mod fence;
 pub mod locks;
+pub mod log_buffer;
 pub mod metric_names;
 pub mod proxy;
 pub mod s3;

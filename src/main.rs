@@ -31,7 +31,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _log_flush = init_logging(cfg.log.format, &cfg.log.level);
+    let _log_flush = match init_logging(cfg.log.format, &cfg.log.level) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("fencegate: cannot start the log writer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -231,21 +237,14 @@ fn merge(a: ServeArgs, b: ServeArgs) -> ServeArgs {
     }
 }
 
-/// Log lines go to stderr from a thread of their own (tracing-appender),
-/// through a buffer written out whenever the queue is drained: no write on
-/// the request path, one write for many lines under load. Never lossy: when
-/// stderr cannot keep up, requests wait for the queue rather than lines
-/// being dropped. The guard writes out what is left when `serve` returns.
-fn init_logging(format: LogFormat, level: &str) -> tracing_appender::non_blocking::WorkerGuard {
+/// Log lines go to stderr through `LogBuffer`: appended in memory by the
+/// request, written out in batches by a thread of their own (at most 20 ms
+/// late), never dropped. The guard writes out what is left when `serve`
+/// returns.
+fn init_logging(format: LogFormat, level: &str) -> std::io::Result<fencegate::log_buffer::Guard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("fencegate-log")
-        .finish(std::io::BufWriter::with_capacity(
-            64 << 10,
-            std::io::stderr(),
-        ));
+    let (writer, guard) = fencegate::log_buffer::LogBuffer::start(std::io::stderr())?;
     fencegate::access_log::install(format == LogFormat::Json, writer.clone());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -254,5 +253,5 @@ fn init_logging(format: LogFormat, level: &str) -> tracing_appender::non_blockin
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.with_ansi(false).init(),
     }
-    guard
+    Ok(guard)
 }
