@@ -12,7 +12,11 @@ pub fn decode_query(raw: Option<&str>) -> Vec<(String, String)> {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             let dec = |s: &str| match s.contains('%') {
                 false => s.to_string(),
-                true => percent_decode_str(s).decode_utf8_lossy().into_owned(),
+                true => {
+                    let bytes: Vec<u8> = percent_decode_str(s).collect();
+                    String::from_utf8(bytes)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+                }
             };
             (dec(k), dec(v))
         })

@@ -54,9 +54,9 @@ impl HeaderSigner {
         headers.insert(AMZ_DATE, date_value);
         headers.insert(AMZ_CONTENT_SHA256, header(payload)?);
         headers.remove(http::header::AUTHORIZATION);
-        let mut names: Vec<&str> = headers.keys().map(|n| n.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
+        // Each name once (a map's keys are distinct), sorted.
+        let mut names: Vec<&HeaderName> = headers.keys().collect();
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
         let head = Head {
             method,
             raw_path: path,
@@ -85,7 +85,7 @@ impl HeaderSigner {
             if i > 0 {
                 authorization.push(';');
             }
-            authorization.push_str(name);
+            authorization.push_str(name.as_str());
         }
         authorization.push_str(", Signature=");
         authorization.push_str(&signature);

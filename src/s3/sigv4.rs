@@ -7,6 +7,7 @@
 use super::error::S3Error;
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
+use http::header::AsHeaderName;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -212,9 +213,13 @@ pub struct Head<'a> {
 /// The canonical request: method, URI, query (without the signature of a
 /// presigned URL), the signed headers with their values, and the payload
 /// hash as the client sent it.
-pub fn canonical_request(
+///
+/// `signed_headers` are names as the client listed them (`&str`), or the
+/// request's own `&HeaderName`s when fencegate signs (looked up without
+/// parsing them again).
+pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     head: &Head<'_>,
-    signed_headers: &[&str],
+    signed_headers: &[N],
     presigned: bool,
     content_sha: Option<&str>,
 ) -> Result<String, S3Error> {
@@ -226,14 +231,19 @@ pub fn canonical_request(
     let skip = presigned.then_some("X-Amz-Signature");
     canonical.push_str(&canonical_query(head.query, skip));
     canonical.push('\n');
-    for name in signed_headers {
-        canonical.push_str(name);
+    for &name in signed_headers {
+        canonical.push_str(name.as_ref());
         canonical.push(':');
         push_canonical_header_value(&mut canonical, head.headers, name)?;
         canonical.push('\n');
     }
     canonical.push('\n');
-    canonical.push_str(&signed_headers.join(";"));
+    for (i, name) in signed_headers.iter().enumerate() {
+        if i > 0 {
+            canonical.push(';');
+        }
+        canonical.push_str(name.as_ref());
+    }
     canonical.push('\n');
     canonical.push_str(content_sha.unwrap_or("UNSIGNED-PAYLOAD"));
     Ok(canonical)
@@ -241,12 +251,13 @@ pub fn canonical_request(
 
 /// Appends a signed header's canonical value: every value of the header,
 /// white space runs folded to one space and trimmed, joined with `,`.
-fn push_canonical_header_value(
+fn push_canonical_header_value<N: AsHeaderName + AsRef<str> + Copy>(
     out: &mut String,
     headers: &HeaderMap,
-    name: &str,
+    name: N,
 ) -> Result<(), S3Error> {
     let mut values = headers.get_all(name).iter().peekable();
+    let name = name.as_ref();
     if values.peek().is_none() {
         return Err(S3Error::AuthorizationHeaderMalformed(format!(
             "signed header {name} is missing"
