@@ -110,41 +110,61 @@ fn as_event(l: &Line) {
     }
 }
 
+/// A field's value, as the two formats tell them apart.
+enum Value<'a> {
+    /// `%` in the event: written bare in `human`, quoted in `json`.
+    Bare(&'a str),
+    /// A string field: quoted and escaped (`{:?}` in `human`, JSON in `json`).
+    Str(&'a str),
+    /// A token, as a string (empty when there is none).
+    Token(Option<u64>),
+    Number(u64),
+    Millis(Duration),
+}
+
+/// The line's fields, in the order `tracing` writes them.
+fn fields<'a>(l: &Line<'a>) -> [(&'static str, Value<'a>); 14] {
+    use Value::*;
+    [
+        ("request_id", Bare(l.request_id)),
+        ("method", Bare(l.method)),
+        ("op", Str(l.op)),
+        ("bucket", Str(l.bucket)),
+        ("key", Str(l.key)),
+        ("access_key", Str(l.access_key)),
+        ("resource", Str(l.resource)),
+        ("token", Token(l.token)),
+        ("highest", Token(l.highest)),
+        ("decision", Str(l.decision)),
+        ("payload", Str(l.payload)),
+        ("status", Number(l.status.into())),
+        ("bytes_in", Number(l.bytes_in)),
+        ("duration_ms", Millis(l.elapsed)),
+    ]
+}
+
 /// `2026-11-24T02:17:48.295637Z  INFO fencegate::proxy: request k=v ...`
 fn human(buf: &mut Vec<u8>, l: &Line, now: SystemTime) {
     timestamp(buf, now);
     buf.extend_from_slice(if l.warn { b"  WARN" } else { b"  INFO" });
-    buf.extend_from_slice(b" fencegate::proxy: request request_id=");
-    buf.extend_from_slice(l.request_id.as_bytes());
-    buf.extend_from_slice(b" method=");
-    buf.extend_from_slice(l.method.as_bytes());
-    for (name, value) in [
-        ("op", l.op),
-        ("bucket", l.bucket),
-        ("key", l.key),
-        ("access_key", l.access_key),
-        ("resource", l.resource),
-    ] {
-        human_str(buf, name, value);
+    buf.extend_from_slice(b" fencegate::proxy: request");
+    for (name, value) in fields(l) {
+        buf.push(b' ');
+        buf.extend_from_slice(name.as_bytes());
+        buf.push(b'=');
+        match value {
+            Value::Bare(v) => buf.extend_from_slice(v.as_bytes()),
+            Value::Str(v) => human_str(buf, v),
+            Value::Token(t) => quoted_token(buf, t),
+            Value::Number(n) => number(buf, n),
+            Value::Millis(d) => millis(buf, d),
+        }
     }
-    human_token(buf, "token", l.token);
-    human_token(buf, "highest", l.highest);
-    human_str(buf, "decision", l.decision);
-    human_str(buf, "payload", l.payload);
-    buf.extend_from_slice(b" status=");
-    number(buf, u64::from(l.status));
-    buf.extend_from_slice(b" bytes_in=");
-    number(buf, l.bytes_in);
-    buf.extend_from_slice(b" duration_ms=");
-    millis(buf, l.elapsed);
     buf.push(b'\n');
 }
 
-/// ` name="value"`, quoted and escaped as `{:?}` does.
-fn human_str(buf: &mut Vec<u8>, name: &str, value: &str) {
-    buf.push(b' ');
-    buf.extend_from_slice(name.as_bytes());
-    buf.push(b'=');
+/// `"value"`, quoted and escaped as `{:?}` does.
+fn human_str(buf: &mut Vec<u8>, value: &str) {
     if value
         .bytes()
         .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
@@ -157,10 +177,8 @@ fn human_str(buf: &mut Vec<u8>, name: &str, value: &str) {
     }
 }
 
-fn human_token(buf: &mut Vec<u8>, name: &str, token: Option<u64>) {
-    buf.push(b' ');
-    buf.extend_from_slice(name.as_bytes());
-    buf.extend_from_slice(b"=\"");
+fn quoted_token(buf: &mut Vec<u8>, token: Option<u64>) {
+    buf.push(b'"');
     if let Some(t) = token {
         number(buf, t);
     }
@@ -178,43 +196,20 @@ fn json(buf: &mut Vec<u8>, l: &Line, now: SystemTime) {
         b"\",\"level\":\"INFO\""
     });
     buf.extend_from_slice(b",\"fields\":{\"message\":\"request\"");
-    for (name, value) in [
-        ("request_id", l.request_id),
-        ("method", l.method),
-        ("op", l.op),
-        ("bucket", l.bucket),
-        ("key", l.key),
-        ("access_key", l.access_key),
-        ("resource", l.resource),
-    ] {
-        json_str(buf, name, value);
-    }
-    for (name, token) in [("token", l.token), ("highest", l.highest)] {
+    for (name, value) in fields(l) {
         buf.extend_from_slice(b",\"");
         buf.extend_from_slice(name.as_bytes());
-        buf.extend_from_slice(b"\":\"");
-        if let Some(t) = token {
-            number(buf, t);
+        buf.extend_from_slice(b"\":");
+        match value {
+            Value::Bare(v) | Value::Str(v) => {
+                let _ = serde_json::to_writer(&mut *buf, v);
+            }
+            Value::Token(t) => quoted_token(buf, t),
+            Value::Number(n) => number(buf, n),
+            Value::Millis(d) => millis(buf, d),
         }
-        buf.push(b'"');
     }
-    json_str(buf, "decision", l.decision);
-    json_str(buf, "payload", l.payload);
-    buf.extend_from_slice(b",\"status\":");
-    number(buf, u64::from(l.status));
-    buf.extend_from_slice(b",\"bytes_in\":");
-    number(buf, l.bytes_in);
-    buf.extend_from_slice(b",\"duration_ms\":");
-    millis(buf, l.elapsed);
     buf.extend_from_slice(b"},\"target\":\"fencegate::proxy\"}\n");
-}
-
-/// `,"name":"value"`, escaped as JSON.
-fn json_str(buf: &mut Vec<u8>, name: &str, value: &str) {
-    buf.extend_from_slice(b",\"");
-    buf.extend_from_slice(name.as_bytes());
-    buf.extend_from_slice(b"\":");
-    let _ = serde_json::to_writer(&mut *buf, value);
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.ffffffZ`, UTC.
