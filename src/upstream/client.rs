@@ -15,7 +15,6 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
 use std::time::{Duration, SystemTime};
 
 pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
@@ -56,8 +55,6 @@ pub struct BackendTarget {
     /// of the path. fencegate still connects to the endpoint's address.
     pub virtual_host: bool,
 }
-
-pub(crate) type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 pub struct Upstream {
     pool: Pool,
@@ -128,20 +125,12 @@ impl Upstream {
             .ok_or("backend endpoint has no host")?
             .clone();
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
         let tls = if target.endpoint.scheme_str() == Some("https") {
             crate::tls::client_config(ca_file)?
         } else {
             crate::tls::client_config_without_roots()?
         };
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
-        let pool = Pool::new(connector, target.endpoint.clone(), Duration::from_secs(30));
+        let pool = Pool::new(tls, target.endpoint.clone(), Duration::from_secs(30));
         let signer = HeaderSigner::new(
             &target.access_key_id,
             &target.secret_access_key,

@@ -25,7 +25,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service;
 
-use super::client::{Connector, UpstreamBody};
+use super::client::UpstreamBody;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Sender = http1::SendRequest<UpstreamBody>;
 
 /// More connections than this are closed after their answer rather than
@@ -44,7 +47,17 @@ pub struct Pool {
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 impl Pool {
-    pub fn new(connector: Connector, endpoint: Uri, idle: Duration) -> Pool {
+    /// Connections to `endpoint` (TCP with `TCP_NODELAY`, and TLS with
+    /// `tls` when it is `https://`).
+    pub fn new(tls: rustls::ClientConfig, endpoint: Uri, idle: Duration) -> Pool {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
         Pool {
             connector,
             endpoint,
@@ -151,14 +164,8 @@ mod tests {
     }
 
     fn pool(endpoint: Uri) -> Pool {
-        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-        http.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(crate::tls::client_config_without_roots().unwrap())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        Pool::new(connector, endpoint, Duration::from_secs(30))
+        let tls = crate::tls::client_config_without_roots().unwrap();
+        Pool::new(tls, endpoint, Duration::from_secs(30))
     }
 
     async fn get(pool: &Pool, endpoint: &Uri) -> http::StatusCode {
