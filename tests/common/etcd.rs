@@ -2,7 +2,7 @@
 //! ports with its own data directory, restartable on the same data, and
 //! stopped on drop. `etcdctl` runs against it for the shell-level checks.
 
-use super::{free_port, wait_until};
+use super::{free_port, poll_until, scratch_dir, tail};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
@@ -22,7 +22,7 @@ impl Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             child: None,
-            dir: tempfile::tempdir().unwrap(),
+            dir: scratch_dir(),
         };
         e.endpoint = format!("http://127.0.0.1:{}", e.client_port);
         e.spawn();
@@ -49,9 +49,21 @@ impl Etcd {
             .spawn()
             .expect("start etcd (Debian package etcd-server)");
         self.child = Some(child);
-        wait_until(30, "etcd to answer", || {
-            self.etcdctl(&["endpoint", "health"]).status.success()
-        });
+        let mut last = None;
+        if !poll_until(30, || {
+            let out = self.etcdctl(&["endpoint", "health"]);
+            let ok = out.status.success();
+            last = Some(out);
+            ok
+        }) {
+            panic!(
+                "etcd at {} did not answer in 30 s\netcdctl: {}\netcd's log:\n{}",
+                self.endpoint,
+                last.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                    .unwrap_or_default(),
+                tail(&self.log(), 30)
+            );
+        }
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -133,7 +145,7 @@ impl EtcdCluster {
         let mut c = EtcdCluster {
             members,
             initial,
-            dir: tempfile::tempdir().unwrap(),
+            dir: scratch_dir(),
         };
         for i in 0..3 {
             c.spawn(i);
@@ -170,14 +182,40 @@ impl EtcdCluster {
         self.members[i].child = Some(child);
     }
 
-    /// Waits until every running member answers health checks.
+    /// Waits until every running member answers health checks; panics with
+    /// what etcdctl said and the tail of every member's log if they do not.
     pub fn wait_healthy(&self) {
-        wait_until(60, "the etcd cluster to be healthy", || {
-            self.members
-                .iter()
-                .filter(|m| m.child.is_some())
-                .all(|m| etcdctl(&m.client, &["endpoint", "health"]).status.success())
+        let mut last = String::new();
+        let healthy = poll_until(60, || {
+            self.members.iter().filter(|m| m.child.is_some()).all(|m| {
+                let out = etcdctl(&m.client, &["endpoint", "health"]);
+                if !out.status.success() {
+                    last = format!("{}: {}", m.client, String::from_utf8_lossy(&out.stderr));
+                }
+                out.status.success()
+            })
         });
+        if !healthy {
+            let logs: Vec<String> = self
+                .members
+                .iter()
+                .map(|m| {
+                    let log = self.dir.path().join(format!("{}.log", m.name));
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    format!(
+                        "--- {} ({}, peer {}):\n{}",
+                        m.name,
+                        m.client,
+                        m.peer,
+                        tail(&text, 15)
+                    )
+                })
+                .collect();
+            panic!(
+                "the etcd cluster was not healthy in 60 s\nlast etcdctl: {last}\n{}",
+                logs.join("\n")
+            );
+        }
     }
 
     /// The client URLs, as a TOML array.

@@ -44,15 +44,40 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `ok` every 50 ms until it holds or `secs` pass; panics with `what`.
-pub fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
+pub fn wait_until(secs: u64, what: &str, ok: impl FnMut() -> bool) {
+    assert!(poll_until(secs, ok), "timed out waiting for {what}");
+}
+
+/// Polls `ok` every 50 ms until it holds (true) or `secs` pass (false), for
+/// callers that explain a timeout with what they know (a service's log).
+pub fn poll_until(secs: u64, mut ok: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while !ok() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    true
+}
+
+/// A scratch directory for a service's data: in `/dev/shm` when the machine
+/// has it, so that services which preallocate and fsync (etcd writes 64 MiB
+/// WAL files) neither wait on nor fill the disk the build shares.
+pub fn scratch_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(d) = tempfile::Builder::new().prefix("fg-test").tempdir_in(shm)
+    {
+        return d;
+    }
+    tempfile::tempdir().expect("a temporary directory")
+}
+
+/// The last `n` lines of `text`, for failure messages.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 use aws_sdk_s3::config::{Credentials, Region};

@@ -41,7 +41,7 @@ fn as_postgres(program: PathBuf) -> Command {
 
 impl Postgres {
     pub fn start() -> Postgres {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::scratch_dir();
         if unsafe { libc::geteuid() } == 0 {
             let ok = Command::new("chown")
                 .args(["-R", "postgres:postgres"])
@@ -82,6 +82,9 @@ impl Postgres {
             .args(["-p", &self.port.to_string(), "-k"])
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1"])
+            // Shared memory segments in the data directory, not /dev/shm:
+            // a server killed like a crash leaves them behind otherwise.
+            .args(["-c", "dynamic_shared_memory_type=mmap"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

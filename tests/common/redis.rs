@@ -23,7 +23,7 @@ impl Redis {
 
     /// With extra `redis.conf` lines.
     pub fn start_with(conf: &str) -> Redis {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::scratch_dir();
         let port = free_port();
         std::fs::write(
             dir.path().join("redis.conf"),

@@ -20,7 +20,7 @@ pub struct ZooKeeper {
 
 impl ZooKeeper {
     pub fn start() -> ZooKeeper {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::scratch_dir();
         let port = free_port();
         std::fs::write(
             dir.path().join("zoo.cfg"),
