@@ -62,16 +62,32 @@ pub fn poll_until(secs: u64, mut ok: impl FnMut() -> bool) -> bool {
 }
 
 /// A scratch directory for a service's data: in `/dev/shm` when the machine
-/// has it, so that services which preallocate and fsync (etcd writes 64 MiB
-/// WAL files) neither wait on nor fill the disk the build shares.
+/// has one with at least 2 GiB free, so that services which preallocate and
+/// fsync (etcd writes 64 MiB WAL files) neither wait on nor fill the disk
+/// the build shares; in the temporary directory otherwise.
 pub fn scratch_dir() -> tempfile::TempDir {
     let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir()
+    if free_bytes(shm) >= 2 << 30
         && let Ok(d) = tempfile::Builder::new().prefix("fg-test").tempdir_in(shm)
     {
         return d;
     }
     tempfile::tempdir().expect("a temporary directory")
+}
+
+/// Bytes free to an unprivileged writer on the file system holding `dir`
+/// (0 when it cannot be told).
+fn free_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `st` a writable statvfs.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_bavail as u64 * st.f_frsize as u64
 }
 
 /// The last `n` lines of `text`, for failure messages.
