@@ -49,18 +49,24 @@ impl Etcd {
             .spawn()
             .expect("start etcd (Debian package etcd-server)");
         self.child = Some(child);
-        let mut last = None;
-        if !poll_until(30, || {
-            let out = self.etcdctl(&["endpoint", "health"]);
-            let ok = out.status.success();
-            last = Some(out);
-            ok
-        }) {
+        let (endpoint, mut child) = (self.endpoint.clone(), self.child.take());
+        let mut last = String::new();
+        let mut exited = None;
+        let up = poll_until(30, || {
+            if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
+                exited = Some(status);
+                return true;
+            }
+            let out = etcdctl(&endpoint, &["endpoint", "health"]);
+            last = String::from_utf8_lossy(&out.stderr).into_owned();
+            out.status.success()
+        });
+        self.child = child;
+        if !up || exited.is_some() {
             panic!(
-                "etcd at {} did not answer in 30 s\netcdctl: {}\netcd's log:\n{}",
+                "etcd at {} did not answer: {}\netcdctl: {last}\netcd's log:\n{}",
                 self.endpoint,
-                last.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
-                    .unwrap_or_default(),
+                exited.map_or("not in 30 s".into(), |st| format!("it exited ({st})")),
                 tail(&self.log(), 30)
             );
         }
@@ -183,10 +189,18 @@ impl EtcdCluster {
     }
 
     /// Waits until every running member answers health checks; panics with
-    /// what etcdctl said and the tail of every member's log if they do not.
-    pub fn wait_healthy(&self) {
+    /// what etcdctl said and the tail of every member's log if they do not,
+    /// at once if a member exits (a bad flag, a full disk).
+    pub fn wait_healthy(&mut self) {
         let mut last = String::new();
+        let mut exited = None;
         let healthy = poll_until(60, || {
+            for m in self.members.iter_mut() {
+                if let Some(Ok(Some(status))) = m.child.as_mut().map(|c| c.try_wait()) {
+                    exited = Some(format!("{} exited ({status})", m.name));
+                    return true;
+                }
+            }
             self.members.iter().filter(|m| m.child.is_some()).all(|m| {
                 let out = etcdctl(&m.client, &["endpoint", "health"]);
                 if !out.status.success() {
@@ -195,7 +209,7 @@ impl EtcdCluster {
                 out.status.success()
             })
         });
-        if !healthy {
+        if !healthy || exited.is_some() {
             let logs: Vec<String> = self
                 .members
                 .iter()
@@ -212,7 +226,8 @@ impl EtcdCluster {
                 })
                 .collect();
             panic!(
-                "the etcd cluster was not healthy in 60 s\nlast etcdctl: {last}\n{}",
+                "the etcd cluster did not get healthy: {}\nlast etcdctl: {last}\n{}",
+                exited.as_deref().unwrap_or("not in 60 s"),
                 logs.join("\n")
             );
         }
