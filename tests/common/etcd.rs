@@ -49,24 +49,13 @@ impl Etcd {
             .spawn()
             .expect("start etcd (Debian package etcd-server)");
         self.child = Some(child);
-        let (endpoint, mut child) = (self.endpoint.clone(), self.child.take());
-        let mut last = String::new();
-        let mut exited = None;
-        let up = poll_until(30, || {
-            if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
-                exited = Some(status);
-                return true;
-            }
-            let out = etcdctl(&endpoint, &["endpoint", "health"]);
-            last = String::from_utf8_lossy(&out.stderr).into_owned();
-            out.status.success()
-        });
-        self.child = child;
-        if !up || exited.is_some() {
+        let mut running = [(
+            self.endpoint.as_str(),
+            self.child.as_mut().expect("just started"),
+        )];
+        if let Err(why) = wait_answering(30, &mut running) {
             panic!(
-                "etcd at {} did not answer: {}\netcdctl: {last}\netcd's log:\n{}",
-                self.endpoint,
-                exited.map_or("not in 30 s".into(), |st| format!("it exited ({st})")),
+                "etcd did not answer: {why}\netcd's log:\n{}",
                 tail(&self.log(), 30)
             );
         }
@@ -98,6 +87,35 @@ impl Etcd {
     /// etcd's log so far, for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+/// Polls `etcdctl endpoint health` on every running (client URL, process)
+/// until all answer. `Err` says why not: a process that exited (at once),
+/// or after `secs` the last unhealthy answer.
+fn wait_answering(secs: u64, running: &mut [(&str, &mut Child)]) -> Result<(), String> {
+    let mut why = String::new();
+    let mut exited = false;
+    let answered = poll_until(secs, || {
+        for (url, child) in running.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                why = format!("{url} exited ({status})");
+                exited = true;
+                return true;
+            }
+        }
+        running.iter().all(|(url, _)| {
+            let out = etcdctl(url, &["endpoint", "health"]);
+            if !out.status.success() {
+                why = format!("{url}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            out.status.success()
+        })
+    });
+    match (answered, exited) {
+        (true, false) => Ok(()),
+        (true, true) => Err(why),
+        (false, _) => Err(format!("not in {secs} s; last etcdctl answer: {why}")),
     }
 }
 
@@ -192,24 +210,12 @@ impl EtcdCluster {
     /// what etcdctl said and the tail of every member's log if they do not,
     /// at once if a member exits (a bad flag, a full disk).
     pub fn wait_healthy(&mut self) {
-        let mut last = String::new();
-        let mut exited = None;
-        let healthy = poll_until(60, || {
-            for m in self.members.iter_mut() {
-                if let Some(Ok(Some(status))) = m.child.as_mut().map(|c| c.try_wait()) {
-                    exited = Some(format!("{} exited ({status})", m.name));
-                    return true;
-                }
-            }
-            self.members.iter().filter(|m| m.child.is_some()).all(|m| {
-                let out = etcdctl(&m.client, &["endpoint", "health"]);
-                if !out.status.success() {
-                    last = format!("{}: {}", m.client, String::from_utf8_lossy(&out.stderr));
-                }
-                out.status.success()
-            })
-        });
-        if !healthy || exited.is_some() {
+        let mut running: Vec<(&str, &mut Child)> = self
+            .members
+            .iter_mut()
+            .filter_map(|m| Some((m.client.as_str(), m.child.as_mut()?)))
+            .collect();
+        if let Err(why) = wait_answering(60, &mut running) {
             let logs: Vec<String> = self
                 .members
                 .iter()
@@ -226,8 +232,7 @@ impl EtcdCluster {
                 })
                 .collect();
             panic!(
-                "the etcd cluster did not get healthy: {}\nlast etcdctl: {last}\n{}",
-                exited.as_deref().unwrap_or("not in 60 s"),
+                "the etcd cluster did not get healthy: {why}\n{}",
                 logs.join("\n")
             );
         }
