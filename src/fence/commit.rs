@@ -6,8 +6,10 @@
 
 use super::gate::Permit;
 use futures_util::{Stream, StreamExt};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 /// A body on its way to the backend, item by item.
 pub type Items<T, E> = Pin<Box<dyn Stream<Item = Result<T, E>> + Send>>;
@@ -27,70 +29,99 @@ where
     E: Send + 'static,
     F: Fn(&Permit) -> E + Send + 'static,
 {
-    struct St<T, E, F> {
-        input: Items<T, E>,
-        held: Option<T>,
-        permit: Option<Arc<Permit>>,
-        stale: F,
-        done: bool,
-    }
-    impl<T, E, F: Fn(&Permit) -> E> St<T, E, F> {
-        fn stale(&self) -> E {
-            let p = self.permit.as_ref().expect("only fenced writes abort");
-            (self.stale)(p)
-        }
-    }
-    let st = St {
+    Box::pin(Gate {
         input,
         held: None,
         permit,
         stale,
+        abort: None,
         done: false,
-    };
-    Box::pin(futures_util::stream::unfold(st, |mut st| async move {
-        if st.done {
-            return None;
+    })
+}
+
+/// The gate's state. The abort signal is checked (an atomic load) before
+/// every item; a waiter on it is registered only while the body has
+/// nothing ready, so a body that streams without waiting never takes the
+/// signal's lock.
+struct Gate<T, E, F> {
+    input: Items<T, E>,
+    held: Option<T>,
+    permit: Option<Arc<Permit>>,
+    stale: F,
+    /// Resolves when the permit is aborted: set up at the first wait.
+    abort: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    done: bool,
+}
+
+impl<T, E, F: Fn(&Permit) -> E> Gate<T, E, F> {
+    fn end(&mut self, e: E) -> Poll<Option<Result<T, E>>> {
+        self.done = true;
+        Poll::Ready(Some(Err(e)))
+    }
+
+    fn stale(&mut self) -> Poll<Option<Result<T, E>>> {
+        let p = self.permit.as_ref().expect("only fenced writes abort");
+        let e = (self.stale)(p);
+        self.end(e)
+    }
+
+    fn aborted(&self) -> bool {
+        self.permit
+            .as_ref()
+            .is_some_and(|p| p.abort_signal().is_fired())
+    }
+}
+
+impl<T, E, F> Stream for Gate<T, E, F>
+where
+    F: Fn(&Permit) -> E,
+{
+    type Item = Result<T, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
         }
         loop {
-            let next = match &st.permit {
-                Some(p) => {
-                    let signal = p.abort_signal();
-                    tokio::select! {
-                        biased;
-                        _ = signal.fired() => {
-                            st.done = true;
-                            let e = st.stale();
-                            return Some((Err(e), st));
-                        }
-                        item = st.input.next() => item,
+            if this.aborted() {
+                return this.stale();
+            }
+            match this.input.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(item))) => {
+                    if let Some(prev) = this.held.replace(item) {
+                        return Poll::Ready(Some(Ok(prev)));
                     }
                 }
-                None => st.input.next().await,
-            };
-            match next {
-                Some(Ok(item)) => {
-                    if let Some(prev) = st.held.replace(item) {
-                        return Some((Ok(prev), st));
-                    }
-                }
-                Some(Err(e)) => {
-                    st.done = true;
-                    return Some((Err(e), st));
-                }
-                None => {
-                    st.done = true;
-                    if let Some(p) = &st.permit
+                Poll::Ready(Some(Err(e))) => return this.end(e),
+                Poll::Ready(None) => {
+                    this.done = true;
+                    if let Some(p) = &this.permit
                         && !p.body_complete()
                     {
-                        let e = st.stale();
-                        return Some((Err(e), st));
+                        return this.stale();
                     }
-                    return st.held.take().map(|item| (Ok(item), st));
+                    return Poll::Ready(this.held.take().map(Ok));
+                }
+                Poll::Pending => {
+                    let Some(p) = &this.permit else {
+                        return Poll::Pending;
+                    };
+                    let abort = this.abort.get_or_insert_with(|| {
+                        let signal = p.abort_signal();
+                        Box::pin(async move { signal.fired().await })
+                    });
+                    ready!(abort.as_mut().poll(cx));
+                    return this.stale();
                 }
             }
         }
-    }))
+    }
 }
+
+// No field is ever pinned: the input and the waiter are boxed, and the
+// held item and the closure are moved and called freely.
+impl<T, E, F> Unpin for Gate<T, E, F> {}
 
 #[cfg(test)]
 mod tests {

@@ -91,7 +91,7 @@ impl Proxy {
         let (parts, body) = resp.into_parts();
         let held = HeldBody {
             inner: Some(body),
-            stall: Box::pin(tokio::time::sleep(hold.idle)),
+            stall: None,
             hold: Some(hold),
         };
         Ok(Response::from_parts(parts, held.boxed()))
@@ -138,8 +138,10 @@ impl Drop for PendingHead {
 struct HeldBody {
     /// Taken by `drop` when the rest must be read in a task.
     inner: Option<Incoming>,
-    /// The longest wait for the answer's next frame.
-    stall: Pin<Box<tokio::time::Sleep>>,
+    /// The longest wait for the answer's next frame: armed at the first
+    /// wait (an answer that is there at once never touches the timer
+    /// wheel), and marked to be re-armed (`false`) by each frame.
+    stall: Option<(Pin<Box<tokio::time::Sleep>>, bool)>,
     hold: Option<Hold>,
 }
 
@@ -157,14 +159,23 @@ impl Body for HeldBody {
         };
         let lost = match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let deadline = tokio::time::Instant::now() + hold.idle;
-                this.stall.as_mut().reset(deadline);
+                if let Some((_, armed)) = &mut this.stall {
+                    *armed = false;
+                }
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(None) => None,
             Poll::Ready(Some(Err(e))) => Some(format!("the backend's answer broke off: {e}")),
             Poll::Pending => {
-                ready!(this.stall.as_mut().poll(cx));
+                let idle = hold.idle;
+                let (stall, armed) = this
+                    .stall
+                    .get_or_insert_with(|| (Box::pin(tokio::time::sleep(idle)), true));
+                if !*armed {
+                    stall.as_mut().reset(tokio::time::Instant::now() + idle);
+                    *armed = true;
+                }
+                ready!(stall.as_mut().poll(cx));
                 Some("the backend's answer stalled".to_string())
             }
         };

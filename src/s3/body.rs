@@ -10,36 +10,78 @@ use crate::metric_names as m;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use http::HeaderMap;
+use http_body::Body;
 use http_body::Frame;
-use http_body_util::BodyStream;
 use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 /// The client's body as bytes. A connection that ends early is an
 /// incomplete body; a pause longer than `idle` is a request timeout. HTTP
 /// trailers are not used by S3 and are dropped.
+///
+/// The idle timer is armed only when the body has nothing ready: a small
+/// body that came with its head never touches the timer wheel.
 pub fn incoming(body: hyper::body::Incoming, idle: Duration) -> ByteStream {
-    let st = (BodyStream::new(body), false);
-    Box::pin(futures_util::stream::unfold(
-        st,
-        move |(mut body, failed)| async move {
-            if failed {
-                return None;
-            }
-            loop {
-                let item = match tokio::time::timeout(idle, body.next()).await {
-                    Err(_) => return Some((Err(S3Error::RequestTimeout), (body, true))),
-                    Ok(None) => return None,
-                    Ok(Some(Err(_))) => return Some((Err(S3Error::IncompleteBody), (body, true))),
-                    Ok(Some(Ok(frame))) => frame,
-                };
-                if let Ok(data) = item.into_data() {
-                    m::handles::bytes_in().increment(data.len() as u64);
-                    return Some((Ok(data), (body, false)));
+    Box::pin(Incoming {
+        body,
+        idle,
+        timer: None,
+        failed: false,
+    })
+}
+
+struct Incoming {
+    body: hyper::body::Incoming,
+    idle: Duration,
+    /// Armed at the first wait for data, re-armed after each piece.
+    timer: Option<(Pin<Box<tokio::time::Sleep>>, bool)>,
+    failed: bool,
+}
+
+impl Stream for Incoming {
+    type Item = Result<Bytes, S3Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.failed {
+            return Poll::Ready(None);
+        }
+        loop {
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(_))) => {
+                    this.failed = true;
+                    return Poll::Ready(Some(Err(S3Error::IncompleteBody)));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    // The next wait gets a full `idle` again.
+                    if let Some((_, fresh)) = &mut this.timer {
+                        *fresh = false;
+                    }
+                    if let Ok(data) = frame.into_data() {
+                        m::handles::bytes_in().increment(data.len() as u64);
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                }
+                Poll::Pending => {
+                    let idle = this.idle;
+                    let (sleep, fresh) = this
+                        .timer
+                        .get_or_insert_with(|| (Box::pin(tokio::time::sleep(idle)), true));
+                    if !*fresh {
+                        sleep.as_mut().reset(tokio::time::Instant::now() + idle);
+                        *fresh = true;
+                    }
+                    ready!(sleep.as_mut().poll(cx));
+                    this.failed = true;
+                    return Poll::Ready(Some(Err(S3Error::RequestTimeout)));
                 }
             }
-        },
-    ))
+        }
+    }
 }
 
 /// Plain data frames, unchecked (`UNSIGNED-PAYLOAD`).

@@ -155,13 +155,11 @@ impl Upstream {
         &self.target
     }
 
+    /// The path and query as they go on the wire (origin form), parsed
+    /// once: the signature covers this path, and hyper sends it as is.
     fn uri(&self, out: &Outgoing) -> Result<Uri, S3Error> {
-        let scheme = self.target.endpoint.scheme_str().unwrap_or("http");
-        let authority = self.host.to_str().unwrap_or_default();
         let mut uri = String::with_capacity(64);
-        for part in [scheme, "://", authority, "/"] {
-            uri.push_str(part);
-        }
+        uri.push('/');
         if let Some(b) = &out.bucket {
             if !self.target.virtual_host {
                 push_encoded(&mut uri, b, STRICT);
@@ -216,12 +214,9 @@ impl Upstream {
             let now = SystemTime::now();
             (self.signer).sign(method, path, &out.query, &mut headers, payload, now)?;
         }
-        // On the wire, the path and query alone (origin form).
-        let mut req = Request::builder()
-            .method(out.method)
-            .uri(uri.path_and_query().map_or("/", |pq| pq.as_str()))
-            .body(body)
-            .map_err(|e| S3Error::Internal(e.to_string()))?;
+        let mut req = Request::new(body);
+        *req.method_mut() = out.method;
+        *req.uri_mut() = uri;
         *req.headers_mut() = headers;
         match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
             Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
