@@ -140,6 +140,39 @@ proptest! {
         let _ = auth::canonical_query(&pairs, None);
     }
 
+    // The hand-written query decoder and canonical encoders (written for
+    // speed: BENCHMARKS.md, "CPU per request") read and write exactly what
+    // the percent-encoding crate does, so that a signature means the same
+    // before and after them.
+    #[test]
+    fn query_and_canonical_forms_match_the_percent_encoding_crate(
+        q in "([a-zA-Z0-9%=&/+ ~._-]|\\PC|%[0-9a-fA-F]{2}|%[gG%]){0,40}",
+        path in "(/|[a-zA-Z0-9%+ ~._-]|\\PC|%[0-9a-fA-F]{2}){0,30}",
+    ) {
+        use percent_encoding::{percent_decode_str, utf8_percent_encode};
+        let dec = |s: &str| String::from_utf8_lossy(&percent_decode_str(s).collect::<Vec<u8>>()).into_owned();
+        let expected: Vec<(String, String)> = q
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (dec(k), dec(v))
+            })
+            .collect();
+        let pairs = auth::decode_query(Some(&q));
+        prop_assert_eq!(&pairs, &expected);
+        let mut enc: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (utf8_percent_encode(k, auth::STRICT).to_string(), utf8_percent_encode(v, auth::STRICT).to_string()))
+            .collect();
+        enc.sort();
+        let joined: Vec<String> = enc.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        prop_assert_eq!(auth::canonical_query(&pairs, None), joined.join("&"));
+        let uri = utf8_percent_encode(&dec(&path), auth::PATH).to_string();
+        let uri = if uri.is_empty() { "/".to_string() } else { uri };
+        prop_assert_eq!(fencegate::s3::sigv4::canonical_uri(&path), uri);
+    }
+
     #[test]
     fn sigv4_header_parsing_never_panics(value in "[ -~]{0,200}", date in "[0-9TZ]{0,20}") {
         let creds = Credentials::new(&[Credential {

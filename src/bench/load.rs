@@ -131,9 +131,15 @@ impl Signer {
                 .signing
                 .as_ref()
                 .filter(|s| s.scope.starts_with(day))
-                .map(|s| s.key);
-            let key = reuse_key
-                .unwrap_or_else(|| sigv4::signing_key(&self.secret_key, day, &self.region, "s3"));
+                .map(|s| s.key.clone());
+            let key = reuse_key.unwrap_or_else(|| {
+                sigv4::SigningKey::new(&sigv4::signing_key(
+                    &self.secret_key,
+                    day,
+                    &self.region,
+                    "s3",
+                ))
+            });
             self.signing = Some(Signing {
                 key,
                 scope: format!("{day}/{}/s3/aws4_request", self.region),

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub use super::sigv4::{Head, canonical_request};
-use super::sigv4::{KeyCache, hmac, parse_amz_date, same_signature, signing_key, string_to_sign};
+use super::sigv4::{
+    KeyCache, SigningKey, parse_amz_date, same_signature, signing_key, string_to_sign,
+};
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
 // (`tests/parsers.rs`) name them here.
@@ -80,7 +82,7 @@ impl Verified {
 /// timestamp and scope, and the seed (the request's own) signature.
 #[derive(Clone)]
 pub struct Signing {
-    pub key: [u8; 32],
+    pub key: SigningKey,
     pub amz_date: String,
     pub scope: String,
     pub seed_signature: String,
@@ -89,7 +91,7 @@ pub struct Signing {
 impl Signing {
     /// HMAC-SHA256 of `string_to_sign` with the signing key, as lowercase hex.
     pub fn sign(&self, string_to_sign: &str) -> String {
-        super::sigv4::hex_lower(&hmac(&self.key, string_to_sign.as_bytes()))
+        super::sigv4::hex_lower(&self.key.mac(string_to_sign.as_bytes()))
     }
 }
 
@@ -109,7 +111,7 @@ struct Known {
 impl Known {
     /// The key for `scope` (`date/region/service/aws4_request`, as the
     /// request's credential names it).
-    fn signing_key(&self, scope: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
+    fn signing_key(&self, scope: &str, date: &str, region: &str, service: &str) -> SigningKey {
         let secret = &self.credential.secret_access_key;
         (self.last_key).get(scope, || signing_key(secret, date, region, service))
     }
@@ -403,6 +405,7 @@ fn payload_of(content_sha: Option<&str>) -> Result<Payload, S3Error> {
 mod tests {
     use super::*;
     use crate::s3::sigv4::EMPTY_SHA256;
+    use crate::s3::sigv4::hmac;
 
     /// A table of one credential, allowed every bucket.
     fn one_credential(key: &str, secret: &str) -> Credentials {

@@ -279,16 +279,16 @@ pub fn decode(input: ByteStream, spec: ChunkedSpec) -> FrameStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::sigv4::signing_key;
+    use crate::s3::sigv4::{SigningKey, signing_key};
 
     fn example_signing(seed: &str) -> Signing {
         Signing {
-            key: signing_key(
+            key: SigningKey::new(&signing_key(
                 "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
                 "20130524",
                 "us-east-1",
                 "s3",
-            ),
+            )),
             amz_date: "20130524T000000Z".into(),
             scope: "20130524/us-east-1/s3/aws4_request".into(),
             seed_signature: seed.into(),

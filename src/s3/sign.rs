@@ -7,7 +7,7 @@
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use super::sigv4::{
-    Head, KeyCache, amz_date, canonical_request, hex_lower, hmac, signing_key, string_to_sign,
+    Head, KeyCache, amz_date, canonical_request, hex_lower, signing_key, string_to_sign,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -65,12 +65,10 @@ impl HeaderSigner {
         };
         let canonical = canonical_request(&head, &names, false, Some(payload))?;
         let scope = [day, &self.region, "s3/aws4_request"].join("/");
-        let signature = hex_lower(&hmac(
-            &(self.day_key).get(day, || {
-                signing_key(&self.secret_key, day, &self.region, "s3")
-            }),
-            string_to_sign(&date, &scope, &canonical).as_bytes(),
-        ));
+        let key = (self.day_key).get(day, || {
+            signing_key(&self.secret_key, day, &self.region, "s3")
+        });
+        let signature = hex_lower(&key.mac(string_to_sign(&date, &scope, &canonical).as_bytes()));
         let mut authorization = String::with_capacity(256);
         for part in [
             "AWS4-HMAC-SHA256 Credential=",

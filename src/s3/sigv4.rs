@@ -38,13 +38,23 @@ pub fn sha256_hex(data: &[u8]) -> String {
 
 /// Lowercase hex, by table: hashes and signatures, several per request.
 pub fn hex_lower(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// Appends `bytes` as lowercase hex.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 15)]);
+    for chunk in bytes.chunks(32) {
+        let mut buf = [0u8; 64];
+        for (pair, b) in buf.chunks_exact_mut(2).zip(chunk) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 15)];
+        }
+        let hex = &buf[..chunk.len() * 2];
+        out.push_str(std::str::from_utf8(hex).expect("hex digits are ASCII"));
     }
-    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// The SigV4 signing key for `date` (YYYYMMDD), `region` and `service`.
@@ -55,24 +65,43 @@ pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8
     hmac(&k, b"aws4_request")
 }
 
+/// A signing key as the HMAC it keys: its inner and outer pads hashed
+/// once, so that each signature hashes only its own message.
+#[derive(Clone)]
+pub struct SigningKey(HmacSha256);
+
+impl SigningKey {
+    pub fn new(key: &[u8; 32]) -> SigningKey {
+        SigningKey(<HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length"))
+    }
+
+    /// HMAC-SHA256 of `data` with this key.
+    pub fn mac(&self, data: &[u8]) -> [u8; 32] {
+        let mut mac = self.0.clone();
+        mac.update(data);
+        mac.finalize().into_bytes().into()
+    }
+}
+
 /// The signing key last derived for one secret, by the scope it was derived
 /// for. A scope (day, region, service) lasts a whole day, so keeping the
 /// last key saves four HMACs on every request but the first of the day.
 /// Both directions use it: verifying a client (`auth`), signing for the
 /// backend (`sign`).
 #[derive(Default)]
-pub struct KeyCache(std::sync::Mutex<Option<(String, [u8; 32])>>);
+pub struct KeyCache(std::sync::Mutex<Option<(String, SigningKey)>>);
 
 impl KeyCache {
     /// The key for `scope`, from `derive` when it is not the last one. The
-    /// lock is held for a compare, or for the derivation once a day.
-    pub fn get(&self, scope: &str, derive: impl FnOnce() -> [u8; 32]) -> [u8; 32] {
+    /// lock is held for a compare and a copy, or for the derivation once a
+    /// day.
+    pub fn get(&self, scope: &str, derive: impl FnOnce() -> [u8; 32]) -> SigningKey {
         let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match &*last {
-            Some((s, key)) if s == scope => *key,
+            Some((s, key)) if s == scope => key.clone(),
             _ => {
-                let key = derive();
-                *last = Some((scope.to_string(), key));
+                let key = SigningKey::new(&derive());
+                *last = Some((scope.to_string(), key.clone()));
                 key
             }
         }
@@ -90,7 +119,7 @@ pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> S
     out.push('\n');
     out.push_str(scope);
     out.push('\n');
-    out.push_str(&sha256_hex(canonical_request.as_bytes()));
+    push_hex(&mut out, &Sha256::digest(canonical_request.as_bytes()));
     out
 }
 
@@ -144,29 +173,62 @@ pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
         .map(|s| UNIX_EPOCH + Duration::from_secs(s))
 }
 
+/// The bytes SigV4 never encodes (`A-Za-z0-9-._~`), as a table: the
+/// canonical forms look every byte of a path and a query up in it.
+const UNRESERVED: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
+        b += 1;
+    }
+    t
+};
+
 /// The canonical URI: the decoded path re-encoded with SigV4's rules
 /// (S3 does not normalise `.` or `//`).
 pub fn canonical_uri(raw_path: &str) -> String {
+    let mut out = String::with_capacity(raw_path.len());
+    push_canonical_uri(&mut out, raw_path);
+    out
+}
+
+fn push_canonical_uri(out: &mut String, raw_path: &str) {
     // Most paths need no work: nothing encoded, nothing to encode.
-    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._~/".contains(&b);
+    let plain = |b: u8| UNRESERVED[usize::from(b)] || b == b'/';
     if !raw_path.is_empty() && raw_path.bytes().all(plain) {
-        return raw_path.to_string();
+        return out.push_str(raw_path);
     }
     let decoded = percent_decode_str(raw_path).collect::<Vec<u8>>();
     let decoded = String::from_utf8_lossy(&decoded);
-    let enc = utf8_percent_encode(&decoded, PATH).to_string();
-    if enc.is_empty() { "/".into() } else { enc }
+    if decoded.is_empty() {
+        return out.push('/');
+    }
+    push_strict(out, &decoded, true);
 }
 
-/// `s` percent-encoded with SigV4's strict set; borrowed when nothing in it
-/// needs encoding (a plain scan, cheaper than the encoder's iterator).
-fn strict_encoded(s: &str) -> std::borrow::Cow<'_, str> {
-    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
-    if s.bytes().all(unreserved) {
-        s.into()
-    } else {
-        utf8_percent_encode(s, STRICT).to_string().into()
+/// Appends `s` percent-encoded with SigV4's rules: every byte but the
+/// unreserved ones as `%XX` (and `/` kept as is when `keep_slash`). The same
+/// output as `utf8_percent_encode` with `STRICT` (or `PATH`), without its
+/// iterator: a plain string, the common case, is copied whole.
+fn push_strict(out: &mut String, s: &str, keep_slash: bool) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let keep = |b: u8| UNRESERVED[usize::from(b)] || (keep_slash && b == b'/');
+    let mut rest = s;
+    while let Some(i) = rest.bytes().position(|b| !keep(b)) {
+        out.push_str(&rest[..i]);
+        // Every byte of a multi-byte character is encoded, so the loop
+        // below only ever cuts `rest` at a character boundary.
+        let end = i + rest[i..].chars().next().map_or(1, char::len_utf8);
+        for &b in &rest.as_bytes()[i..end] {
+            out.push('%');
+            out.push(char::from(DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(DIGITS[usize::from(b & 15)]));
+        }
+        rest = &rest[end..];
     }
+    out.push_str(rest);
 }
 
 /// Appends `s` percent-encoded with `set` (`STRICT` or `PATH`), chunk by
@@ -176,30 +238,41 @@ pub fn push_encoded(out: &mut String, s: &str, set: &'static AsciiSet) {
 }
 
 /// The canonical query string from decoded pairs, skipping `skip`: each
-/// name and value percent-encoded (borrowed when nothing needs encoding),
-/// sorted, joined.
+/// name and value percent-encoded, sorted, joined.
 pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String {
-    use std::borrow::Cow;
+    let mut out = String::new();
+    push_canonical_query(&mut out, pairs, skip);
+    out
+}
+
+/// [`canonical_query`], appended to `out`. The pairs are encoded once into
+/// one buffer and sorted as spans of it.
+fn push_canonical_query(out: &mut String, pairs: &[(String, String)], skip: Option<&str>) {
     if pairs.is_empty() {
-        return String::new();
+        return;
     }
-    let mut enc: Vec<(Cow<'_, str>, Cow<'_, str>)> = pairs
-        .iter()
-        .filter(|(k, _)| Some(k.as_str()) != skip)
-        .map(|(k, v)| (strict_encoded(k), strict_encoded(v)))
-        .collect();
-    enc.sort_unstable();
-    let len = enc.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-    let mut out = String::with_capacity(len);
-    for (i, (k, v)) in enc.iter().enumerate() {
+    let mut encoded = String::with_capacity(pairs.iter().map(|(k, v)| k.len() + v.len()).sum());
+    // (start of the name, start of the value, end of the value) in `encoded`.
+    let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(pairs.len());
+    for (k, v) in pairs.iter().filter(|(k, _)| Some(k.as_str()) != skip) {
+        let start = encoded.len();
+        push_strict(&mut encoded, k, false);
+        let mid = encoded.len();
+        push_strict(&mut encoded, v, false);
+        spans.push((start, mid, encoded.len()));
+    }
+    let pair = |&(a, b, c): &(usize, usize, usize)| (&encoded[a..b], &encoded[b..c]);
+    spans.sort_unstable_by(|x, y| pair(x).cmp(&pair(y)));
+    out.reserve(encoded.len() + 2 * spans.len());
+    for (i, span) in spans.iter().enumerate() {
         if i > 0 {
             out.push('&');
         }
+        let (k, v) = pair(span);
         out.push_str(k);
         out.push('=');
         out.push_str(v);
     }
-    out
 }
 
 /// The request head as SigV4 signs it.
@@ -226,10 +299,10 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     let mut canonical = String::with_capacity(512);
     canonical.push_str(head.method);
     canonical.push('\n');
-    canonical.push_str(&canonical_uri(head.raw_path));
+    push_canonical_uri(&mut canonical, head.raw_path);
     canonical.push('\n');
     let skip = presigned.then_some("X-Amz-Signature");
-    canonical.push_str(&canonical_query(head.query, skip));
+    push_canonical_query(&mut canonical, head.query, skip);
     canonical.push('\n');
     for &name in signed_headers {
         canonical.push_str(name.as_ref());
