@@ -212,22 +212,33 @@ fn json(buf: &mut Vec<u8>, l: &Line, now: SystemTime) {
     buf.extend_from_slice(b"},\"target\":\"fencegate::proxy\"}\n");
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.ffffffZ`, UTC.
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ`, UTC. The date and time to the second
+/// are formatted once per second per thread.
 fn timestamp(buf: &mut Vec<u8>, now: SystemTime) {
+    thread_local! {
+        static LAST: RefCell<(u64, Vec<u8>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+    }
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let t = utc::civil(since.as_secs());
-    pad(buf, t.year as u64, 4);
-    buf.push(b'-');
-    pad(buf, t.month.into(), 2);
-    buf.push(b'-');
-    pad(buf, t.day.into(), 2);
-    buf.push(b'T');
-    pad(buf, t.hour.into(), 2);
-    buf.push(b':');
-    pad(buf, t.minute.into(), 2);
-    buf.push(b':');
-    pad(buf, t.second.into(), 2);
-    buf.push(b'.');
+    LAST.with_borrow_mut(|(secs, text)| {
+        if *secs != since.as_secs() {
+            *secs = since.as_secs();
+            text.clear();
+            let t = utc::civil(*secs);
+            pad(text, t.year as u64, 4);
+            text.push(b'-');
+            pad(text, t.month.into(), 2);
+            text.push(b'-');
+            pad(text, t.day.into(), 2);
+            text.push(b'T');
+            pad(text, t.hour.into(), 2);
+            text.push(b':');
+            pad(text, t.minute.into(), 2);
+            text.push(b':');
+            pad(text, t.second.into(), 2);
+            text.push(b'.');
+        }
+        buf.extend_from_slice(text);
+    });
     pad(buf, since.subsec_micros().into(), 6);
     buf.push(b'Z');
 }

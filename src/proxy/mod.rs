@@ -188,14 +188,15 @@ impl Proxy {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         // `{:08X}{:08X}` of the prefix and the count, without `format!`.
         let digits = 8.max(16 - n.leading_zeros() as usize / 4);
-        let hex = |v: u64, width: usize| {
-            (0..width)
-                .rev()
-                .map(move |i| char::from(b"0123456789ABCDEF"[(v >> (i * 4)) as usize & 0xf]))
+        let mut id = [0u8; 24];
+        let hex = |v: u64, out: &mut [u8]| {
+            for (i, d) in out.iter_mut().rev().enumerate() {
+                *d = b"0123456789ABCDEF"[(v >> (i * 4)) as usize & 0xf];
+            }
         };
-        hex(self.id_prefix.into(), 8)
-            .chain(hex(n, digits))
-            .collect()
+        hex(self.id_prefix.into(), &mut id[..8]);
+        hex(n, &mut id[8..8 + digits]);
+        String::from_utf8_lossy(&id[..8 + digits]).into_owned()
     }
 
     /// Handles one request; never fails (errors become S3 XML responses).
