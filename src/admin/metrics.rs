@@ -1,11 +1,23 @@
 //! The Prometheus recorder: installed once, each metric described, rendered
 //! at `/metrics` on the admin listener. The names are in
 //! [`crate::metric_names`], which the recording modules import.
+//!
+//! The recorder keeps each histogram sample (two per request: admission
+//! wait and upstream latency) until it is folded into its histogram. A
+//! scrape folds them, and so does a thread of fencegate's own every
+//! `UPKEEP_EVERY`: without it, a fencegate nobody scrapes would grow by
+//! about 40 bytes per request, without bound (measured: 35 MB in 30 s at
+//! 23,000 requests a second).
 
 use metrics::{describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::metric_names::*;
+use std::time::Duration;
+
+/// How often the histogram samples recorded since the last fold are
+/// folded, scrape or not.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -14,11 +26,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// Installs the global recorder and returns the handle that renders it.
 /// Call once per process.
 pub fn install() -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-        .map_err(|e| e.to_string())?
+    let handle = builder()?
         .install_recorder()
         .map_err(|e| format!("metrics recorder: {e}"))?;
+    spawn_upkeep(handle.clone(), UPKEEP_EVERY);
     describe_counter!(REQUESTS, "S3 requests by operation and outcome");
     describe_counter!(RAISES, "fence raises made durable");
     describe_histogram!(ADMISSION_WAIT, "seconds spent in admission");
@@ -51,4 +62,28 @@ pub fn install() -> Result<PrometheusHandle, String> {
     metrics::counter!(EAGER_RAISES).absolute(0);
     metrics::counter!(QUARANTINES).absolute(0);
     Ok(handle)
+}
+
+/// The recorder's configuration: latency histograms with fixed buckets.
+pub fn builder() -> Result<PrometheusBuilder, String> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+        .map_err(|e| e.to_string())
+}
+
+/// Folds `handle`'s pending histogram samples every `every`, on a thread
+/// of its own, for as long as the process lives (test:
+/// `tests/metrics_upkeep.rs`).
+pub fn spawn_upkeep(handle: PrometheusHandle, every: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("fencegate-metrics".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("metrics upkeep thread: {e}; histograms fold only when scraped");
+    }
 }
