@@ -34,6 +34,13 @@ async fn main() {
         std::process::exit(2);
     };
     let backend: Uri = backend.parse().expect("a backend URL");
+    // FLOOR_SPIN_US: CPU burnt per request before forwarding it, to see how
+    // the costs of the rest of the path (the kernel's, the backend's)
+    // change with the work a proxy does per request.
+    let spin = std::env::var("FLOOR_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_micros);
     let tls = fencegate::tls::client_config_without_roots().expect("a TLS config");
     let pool = Arc::new(Pool::new(tls, backend, Duration::from_secs(30)));
     let listener = tokio::net::TcpListener::bind(listen.as_str())
@@ -48,10 +55,17 @@ async fn main() {
         };
         let _ = sock.set_nodelay(true);
         let (pool, http) = (pool.clone(), http.clone());
+        let spin: Option<Duration> = spin;
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let pool = pool.clone();
                 async move {
+                    if let Some(spin) = spin {
+                        let until = std::time::Instant::now() + spin;
+                        while std::time::Instant::now() < until {
+                            std::hint::spin_loop();
+                        }
+                    }
                     let (head, body) = req.into_parts();
                     let body: UpstreamBody = body
                         .map_err(|e| S3Error::Internal(e.to_string()))
