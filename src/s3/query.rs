@@ -6,17 +6,39 @@
 /// decode to UTF-8 become U+FFFD.
 pub fn decode_query(raw: Option<&str>) -> Vec<(String, String)> {
     let Some(raw) = raw else { return Vec::new() };
-    let mut pairs = Vec::with_capacity(raw.bytes().filter(|&b| b == b'&').count() + 1);
-    for p in raw.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        pairs.push((decode(k), decode(v)));
+    let bytes = raw.as_bytes();
+    let mut pairs = Vec::with_capacity(bytes.iter().filter(|&&b| b == b'&').count() + 1);
+    // One pass: each part's first `=`, and whether its name or its value
+    // has a `%` to decode.
+    let mut start = 0;
+    while start <= bytes.len() {
+        let (mut eq, mut escaped_name, mut escaped_value) = (None, false, false);
+        let mut end = start;
+        while end < bytes.len() && bytes[end] != b'&' {
+            match (bytes[end], eq) {
+                (b'=', None) => eq = Some(end),
+                (b'%', None) => escaped_name = true,
+                (b'%', Some(_)) => escaped_value = true,
+                _ => {}
+            }
+            end += 1;
+        }
+        if end > start {
+            // `&`, `=` and `%` are ASCII: every index above is a char boundary.
+            let (k, v) = match eq {
+                Some(eq) => (&raw[start..eq], &raw[eq + 1..end]),
+                None => (&raw[start..end], ""),
+            };
+            pairs.push((decode(k, escaped_name), decode(v, escaped_value)));
+        }
+        start = end + 1;
     }
     pairs
 }
 
-/// One name or value, percent-decoded.
-fn decode(s: &str) -> String {
-    if !s.as_bytes().contains(&b'%') {
+/// One name or value, percent-decoded (`escaped`: it has a `%`).
+fn decode(s: &str, escaped: bool) -> String {
+    if !escaped {
         return s.to_string();
     }
     let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);

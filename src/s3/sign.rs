@@ -7,7 +7,8 @@
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use super::sigv4::{
-    Head, KeyCache, amz_date, canonical_request, hex_lower, signing_key, string_to_sign,
+    EMPTY_SHA256, Head, KeyCache, amz_date, canonical_request, hex_lower, signing_key,
+    string_to_sign,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -52,7 +53,12 @@ impl HeaderSigner {
             .to_string();
         let day = &date[..8];
         headers.insert(AMZ_DATE, date_value);
-        headers.insert(AMZ_CONTENT_SHA256, header(payload)?);
+        let payload_value = match payload {
+            "UNSIGNED-PAYLOAD" => HeaderValue::from_static("UNSIGNED-PAYLOAD"),
+            EMPTY_SHA256 => HeaderValue::from_static(EMPTY_SHA256),
+            other => header(other)?,
+        };
+        headers.insert(AMZ_CONTENT_SHA256, payload_value);
         headers.remove(http::header::AUTHORIZATION);
         // Each name once (a map's keys are distinct), sorted.
         let mut names: Vec<&HeaderName> = headers.keys().collect();
