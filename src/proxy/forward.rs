@@ -21,7 +21,7 @@
 //! it has. Logged and counted (`fencegate_quarantines_total`).
 
 use super::Proxy;
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{BoxError, IdleTimer, ProxyBody};
 use crate::fence::gate::Permit;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
@@ -91,7 +91,7 @@ impl Proxy {
         let (parts, body) = resp.into_parts();
         let held = HeldBody {
             inner: Some(body),
-            stall: None,
+            stall: IdleTimer::new(hold.idle),
             hold: Some(hold),
         };
         Ok(Response::from_parts(parts, held.boxed()))
@@ -138,10 +138,8 @@ impl Drop for PendingHead {
 struct HeldBody {
     /// Taken by `drop` when the rest must be read in a task.
     inner: Option<Incoming>,
-    /// The longest wait for the answer's next frame: armed at the first
-    /// wait (an answer that is there at once never touches the timer
-    /// wheel), and marked to be re-armed (`false`) by each frame.
-    stall: Option<(Pin<Box<tokio::time::Sleep>>, bool)>,
+    /// The longest wait for the answer's next frame.
+    stall: IdleTimer,
     hold: Option<Hold>,
 }
 
@@ -154,28 +152,18 @@ impl Body for HeldBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let (Some(hold), Some(inner)) = (&this.hold, &mut this.inner) else {
+        let (Some(_), Some(inner)) = (&this.hold, &mut this.inner) else {
             return Poll::Ready(None);
         };
         let lost = match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some((_, armed)) = &mut this.stall {
-                    *armed = false;
-                }
+                this.stall.progress();
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(None) => None,
             Poll::Ready(Some(Err(e))) => Some(format!("the backend's answer broke off: {e}")),
             Poll::Pending => {
-                let idle = hold.idle;
-                let (stall, armed) = this
-                    .stall
-                    .get_or_insert_with(|| (Box::pin(tokio::time::sleep(idle)), true));
-                if !*armed {
-                    stall.as_mut().reset(tokio::time::Instant::now() + idle);
-                    *armed = true;
-                }
-                ready!(stall.as_mut().poll(cx));
+                ready!(this.stall.poll_expired(cx));
                 Some("the backend's answer stalled".to_string())
             }
         };

@@ -6,6 +6,7 @@
 
 use super::chunked::{ByteStream, FrameStream};
 use super::error::S3Error;
+use crate::body::IdleTimer;
 use crate::metric_names as m;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -13,7 +14,6 @@ use http::HeaderMap;
 use http_body::Body;
 use http_body::Frame;
 use sha2::{Digest, Sha256};
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -27,17 +27,14 @@ use std::time::Duration;
 pub fn incoming(body: hyper::body::Incoming, idle: Duration) -> ByteStream {
     Box::pin(Incoming {
         body,
-        idle,
-        timer: None,
+        idle: IdleTimer::new(idle),
         failed: false,
     })
 }
 
 struct Incoming {
     body: hyper::body::Incoming,
-    idle: Duration,
-    /// Armed at the first wait for data, re-armed after each piece.
-    timer: Option<(Pin<Box<tokio::time::Sleep>>, bool)>,
+    idle: IdleTimer,
     failed: bool,
 }
 
@@ -57,25 +54,14 @@ impl Stream for Incoming {
                     return Poll::Ready(Some(Err(S3Error::IncompleteBody)));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
-                    // The next wait gets a full `idle` again.
-                    if let Some((_, fresh)) = &mut this.timer {
-                        *fresh = false;
-                    }
+                    this.idle.progress();
                     if let Ok(data) = frame.into_data() {
                         m::handles::bytes_in().increment(data.len() as u64);
                         return Poll::Ready(Some(Ok(data)));
                     }
                 }
                 Poll::Pending => {
-                    let idle = this.idle;
-                    let (sleep, fresh) = this
-                        .timer
-                        .get_or_insert_with(|| (Box::pin(tokio::time::sleep(idle)), true));
-                    if !*fresh {
-                        sleep.as_mut().reset(tokio::time::Instant::now() + idle);
-                        *fresh = true;
-                    }
-                    ready!(sleep.as_mut().poll(cx));
+                    ready!(this.idle.poll_expired(cx));
                     this.failed = true;
                     return Poll::Ready(Some(Err(S3Error::RequestTimeout)));
                 }
