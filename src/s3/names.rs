@@ -20,8 +20,8 @@
 //! A trailing `/` (a "folder" object, `photos/`) is allowed.
 
 use super::error::S3Error;
-use super::sigv4::{PATH, STRICT};
-use percent_encoding::{percent_decode_str, utf8_percent_encode};
+use super::sigv4::push_encoded;
+use percent_encoding::percent_decode_str;
 
 /// The longest key S3 accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -187,14 +187,14 @@ impl CopySource {
     /// The header value fencegate forwards: `/bucket/key` with the key
     /// percent-encoded (slashes kept), and the version id, if any.
     pub fn to_header(&self) -> String {
-        let mut s = format!(
-            "/{}/{}",
-            utf8_percent_encode(&self.bucket, STRICT),
-            utf8_percent_encode(&self.key, PATH)
-        );
+        let mut s = String::with_capacity(self.bucket.len() + self.key.len() + 2);
+        s.push('/');
+        push_encoded(&mut s, &self.bucket, false);
+        s.push('/');
+        push_encoded(&mut s, &self.key, true);
         if let Some(v) = &self.version_id {
             s.push_str("?versionId=");
-            s.push_str(&utf8_percent_encode(v, STRICT).to_string());
+            push_encoded(&mut s, v, false);
         }
         s
     }

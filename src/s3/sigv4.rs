@@ -8,13 +8,15 @@ use super::error::S3Error;
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use http::header::AsHeaderName;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str};
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Characters SigV4 leaves unencoded: `A-Za-z0-9-._~`.
+/// Characters SigV4 leaves unencoded, `A-Za-z0-9-._~`, as a
+/// `percent-encoding` set: the reference that [`push_encoded`] is tested
+/// against (`tests/parsers.rs`).
 pub const STRICT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
@@ -205,14 +207,16 @@ fn push_canonical_uri(out: &mut String, raw_path: &str) {
     if decoded.is_empty() {
         return out.push('/');
     }
-    push_strict(out, &decoded, true);
+    push_encoded(out, &decoded, true);
 }
 
 /// Appends `s` percent-encoded with SigV4's rules: every byte but the
-/// unreserved ones as `%XX` (and `/` kept as is when `keep_slash`). The same
-/// output as `utf8_percent_encode` with `STRICT` (or `PATH`), without its
-/// iterator: a plain string, the common case, is copied whole.
-fn push_strict(out: &mut String, s: &str, keep_slash: bool) {
+/// unreserved ones as `%XX` (and `/` kept as is when `keep_slash`: a key
+/// path). The same output as `utf8_percent_encode` with `STRICT` (or
+/// `PATH`), without its iterator: a plain string, the common case, is
+/// copied whole. The canonical forms, the upstream URL and the forwarded
+/// copy source all encode with it.
+pub fn push_encoded(out: &mut String, s: &str, keep_slash: bool) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
     let keep = |b: u8| UNRESERVED[usize::from(b)] || (keep_slash && b == b'/');
     let mut rest = s;
@@ -229,12 +233,6 @@ fn push_strict(out: &mut String, s: &str, keep_slash: bool) {
         rest = &rest[end..];
     }
     out.push_str(rest);
-}
-
-/// Appends `s` percent-encoded with `set` (`STRICT` or `PATH`), chunk by
-/// chunk, with no string in between.
-pub fn push_encoded(out: &mut String, s: &str, set: &'static AsciiSet) {
-    out.extend(utf8_percent_encode(s, set));
 }
 
 /// The canonical query string from decoded pairs, skipping `skip`: each
@@ -256,9 +254,9 @@ fn push_canonical_query(out: &mut String, pairs: &[(String, String)], skip: Opti
     let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(pairs.len());
     for (k, v) in pairs.iter().filter(|(k, _)| Some(k.as_str()) != skip) {
         let start = encoded.len();
-        push_strict(&mut encoded, k, false);
+        push_encoded(&mut encoded, k, false);
         let mid = encoded.len();
-        push_strict(&mut encoded, v, false);
+        push_encoded(&mut encoded, v, false);
         spans.push((start, mid, encoded.len()));
     }
     let pair = |&(a, b, c): &(usize, usize, usize)| (&encoded[a..b], &encoded[b..c]);

@@ -10,7 +10,7 @@ use crate::s3::headers::{
     X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER,
 };
 use crate::s3::sign::HeaderSigner;
-use crate::s3::sigv4::{EMPTY_SHA256, PATH, STRICT, push_encoded};
+use crate::s3::sigv4::{EMPTY_SHA256, push_encoded};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
@@ -162,20 +162,20 @@ impl Upstream {
         uri.push('/');
         if let Some(b) = &out.bucket {
             if !self.target.virtual_host {
-                push_encoded(&mut uri, b, STRICT);
+                push_encoded(&mut uri, b, false);
                 if out.key.is_some() {
                     uri.push('/');
                 }
             }
             if let Some(k) = &out.key {
-                push_encoded(&mut uri, k, PATH);
+                push_encoded(&mut uri, k, true);
             }
         }
         for (i, (k, v)) in out.query.iter().enumerate() {
             uri.push(if i == 0 { '?' } else { '&' });
-            push_encoded(&mut uri, k, STRICT);
+            push_encoded(&mut uri, k, false);
             uri.push('=');
-            push_encoded(&mut uri, v, STRICT);
+            push_encoded(&mut uri, v, false);
         }
         Uri::try_from(uri)
             .map_err(|e| S3Error::InvalidArgument(format!("cannot build upstream URL: {e}")))
