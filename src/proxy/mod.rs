@@ -196,7 +196,9 @@ impl Proxy {
         };
         hex(self.id_prefix.into(), &mut id[..8]);
         hex(n, &mut id[8..8 + digits]);
-        String::from_utf8_lossy(&id[..8 + digits]).into_owned()
+        std::str::from_utf8(&id[..8 + digits])
+            .expect("hex digits are ASCII")
+            .to_string()
     }
 
     /// Handles one request; never fails (errors become S3 XML responses).

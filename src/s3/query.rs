@@ -1,6 +1,8 @@
 //! The query string, decoded once into pairs, and the one way to look a
 //! parameter up in it.
 
+use percent_encoding::percent_decode_str;
+
 /// Decodes a raw query string into pairs (no `+`-as-space: S3 signs `%20`).
 /// A `%` not followed by two hex digits stays as it is; bytes that do not
 /// decode to UTF-8 become U+FFFD.
@@ -41,26 +43,8 @@ fn decode(s: &str, escaped: bool) -> String {
     if !escaped {
         return s.to_string();
     }
-    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
-    let (bytes, mut out) = (s.as_bytes(), Vec::with_capacity(s.len()));
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) => hex(h).zip(hex(l)).map(|(h, l)| h << 4 | l),
-            _ => None,
-        };
-        match escaped {
-            Some(b) => {
-                out.push(b);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    let bytes: Vec<u8> = percent_decode_str(s).collect();
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// The value of the first parameter `name` (case-sensitive, as S3 reads it).
