@@ -55,7 +55,6 @@ async fn main() {
         };
         let _ = sock.set_nodelay(true);
         let (pool, http) = (pool.clone(), http.clone());
-        let spin: Option<Duration> = spin;
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let pool = pool.clone();
