@@ -140,6 +140,17 @@ proptest! {
         let _ = auth::canonical_query(&pairs, None);
     }
 
+    // The one percent-decoder (paths, keys, query parts) reads exactly
+    // what the percent-encoding crate does, bad and partial escapes too.
+    #[test]
+    fn the_percent_decoder_matches_the_percent_encoding_crate(
+        s in "([a-zA-Z0-9%/+ ~._-]|\\PC|%[0-9a-fA-F]{2}|%[0-9a-fA-F]|%[gG%]){0,40}",
+    ) {
+        let expected: Vec<u8> = percent_encoding::percent_decode_str(&s).collect();
+        let decoded = fencegate::s3::sigv4::percent_decode(&s);
+        prop_assert_eq!(decoded.as_ref(), expected.as_slice());
+    }
+
     // The hand-written query decoder and canonical encoders (written for
     // speed: BENCHMARKS.md, "CPU per request") read and write exactly what
     // the percent-encoding crate does, so that a signature means the same

@@ -20,8 +20,7 @@
 //! A trailing `/` (a "folder" object, `photos/`) is allowed.
 
 use super::error::S3Error;
-use super::sigv4::push_encoded;
-use percent_encoding::percent_decode_str;
+use super::sigv4::{percent_decode, push_encoded};
 
 /// The longest key S3 accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -82,9 +81,7 @@ pub fn check_bucket(bucket: &str) -> Result<(), S3Error> {
 }
 
 fn decode(s: &str, what: &str) -> Result<String, S3Error> {
-    percent_decode_str(s)
-        .decode_utf8()
-        .map(|c| c.into_owned())
+    String::from_utf8(percent_decode(s).into_owned())
         .map_err(|_| S3Error::InvalidArgument(format!("the {what} is not valid UTF-8")))
 }
 

@@ -1,7 +1,8 @@
 //! The query string, decoded once into pairs, and the one way to look a
 //! parameter up in it.
 
-use percent_encoding::percent_decode_str;
+use super::sigv4::percent_decode;
+use std::borrow::Cow;
 
 /// Decodes a raw query string into pairs (no `+`-as-space: S3 signs `%20`).
 /// A `%` not followed by two hex digits stays as it is; bytes that do not
@@ -9,42 +10,39 @@ use percent_encoding::percent_decode_str;
 pub fn decode_query(raw: Option<&str>) -> Vec<(String, String)> {
     let Some(raw) = raw else { return Vec::new() };
     let bytes = raw.as_bytes();
-    let mut pairs = Vec::with_capacity(bytes.iter().filter(|&&b| b == b'&').count() + 1);
-    // One pass: each part's first `=`, and whether its name or its value
-    // has a `%` to decode.
-    let mut start = 0;
-    while start <= bytes.len() {
-        let (mut eq, mut escaped_name, mut escaped_value) = (None, false, false);
-        let mut end = start;
-        while end < bytes.len() && bytes[end] != b'&' {
-            match (bytes[end], eq) {
-                (b'=', None) => eq = Some(end),
-                (b'%', None) => escaped_name = true,
-                (b'%', Some(_)) => escaped_value = true,
-                _ => {}
-            }
-            end += 1;
-        }
+    let mut pairs = Vec::with_capacity(memchr::memchr_iter(b'&', bytes).count() + 1);
+    // One pass over the `&`s and `=`s (found by `memchr2`): each part and
+    // its first `=`.
+    let (mut start, mut eq) = (0, None);
+    let mut push_part = |start: usize, end: usize, eq: Option<usize>| {
         if end > start {
-            // `&`, `=` and `%` are ASCII: every index above is a char boundary.
+            // `&` and `=` are ASCII: every index is a char boundary.
             let (k, v) = match eq {
                 Some(eq) => (&raw[start..eq], &raw[eq + 1..end]),
                 None => (&raw[start..end], ""),
             };
-            pairs.push((decode(k, escaped_name), decode(v, escaped_value)));
+            pairs.push((decode(k), decode(v)));
         }
-        start = end + 1;
+    };
+    for i in memchr::memchr2_iter(b'&', b'=', bytes) {
+        if bytes[i] == b'&' {
+            push_part(start, i, eq);
+            (start, eq) = (i + 1, None);
+        } else if eq.is_none() {
+            eq = Some(i);
+        }
     }
+    push_part(start, bytes.len(), eq);
     pairs
 }
 
-/// One name or value, percent-decoded (`escaped`: it has a `%`).
-fn decode(s: &str, escaped: bool) -> String {
-    if !escaped {
-        return s.to_string();
+/// One name or value, percent-decoded.
+fn decode(s: &str) -> String {
+    match percent_decode(s) {
+        Cow::Borrowed(_) => s.to_string(),
+        Cow::Owned(bytes) => String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
     }
-    let bytes: Vec<u8> = percent_decode_str(s).collect();
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// The value of the first parameter `name` (case-sensitive, as S3 reads it).

@@ -8,8 +8,9 @@ use super::error::S3Error;
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use http::header::AsHeaderName;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -175,18 +176,55 @@ pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
         .map(|s| UNIX_EPOCH + Duration::from_secs(s))
 }
 
-/// The bytes SigV4 never encodes (`A-Za-z0-9-._~`), as a table: the
-/// canonical forms look every byte of a path and a query up in it.
-const UNRESERVED: [bool; 256] = {
+/// The bytes SigV4 never encodes (`A-Za-z0-9-._~`), as tables: the
+/// canonical forms look every byte of a path and a query up in one.
+/// `KEEP[1]` keeps `/` too (a key path).
+static KEEP: [[bool; 256]; 2] = [keep_table(false), keep_table(true)];
+
+const fn keep_table(slash: bool) -> [bool; 256] {
     let mut t = [false; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
-        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(c, b'-' | b'.' | b'_' | b'~')
+            || (slash && c == b'/');
         b += 1;
     }
     t
-};
+}
+
+/// Percent-decodes `s`: each `%` and two hex digits becomes that byte; a
+/// `%` without them stays as it is (as `percent_decode_str` reads it, the
+/// reference it is tested against in `tests/parsers.rs`). Paths, keys and
+/// query parts are all decoded here. Borrowed when there is nothing to
+/// decode; otherwise the plain runs between escapes are copied whole.
+pub fn percent_decode(s: &str) -> Cow<'_, [u8]> {
+    let bytes = s.as_bytes();
+    let Some(first) = memchr::memchr(b'%', bytes) else {
+        return Cow::Borrowed(bytes);
+    };
+    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let (mut copied, mut at) = (0, Some(first));
+    while let Some(i) = at {
+        let escape = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| Some(hex(h[0])? << 4 | hex(h[1])?));
+        let next = match escape {
+            Some(b) => {
+                out.extend_from_slice(&bytes[copied..i]);
+                out.push(b);
+                copied = i + 3;
+                i + 3
+            }
+            None => i + 1,
+        };
+        at = memchr::memchr(b'%', &bytes[next..]).map(|j| next + j);
+    }
+    out.extend_from_slice(&bytes[copied..]);
+    Cow::Owned(out)
+}
 
 /// The canonical URI: the decoded path re-encoded with SigV4's rules
 /// (S3 does not normalise `.` or `//`).
@@ -198,11 +236,10 @@ pub fn canonical_uri(raw_path: &str) -> String {
 
 fn push_canonical_uri(out: &mut String, raw_path: &str) {
     // Most paths need no work: nothing encoded, nothing to encode.
-    let plain = |b: u8| UNRESERVED[usize::from(b)] || b == b'/';
-    if !raw_path.is_empty() && raw_path.bytes().all(plain) {
+    if !raw_path.is_empty() && raw_path.bytes().all(|b| KEEP[1][usize::from(b)]) {
         return out.push_str(raw_path);
     }
-    let decoded = percent_decode_str(raw_path).collect::<Vec<u8>>();
+    let decoded = percent_decode(raw_path);
     let decoded = String::from_utf8_lossy(&decoded);
     if decoded.is_empty() {
         return out.push('/');
@@ -218,9 +255,9 @@ fn push_canonical_uri(out: &mut String, raw_path: &str) {
 /// copy source all encode with it.
 pub fn push_encoded(out: &mut String, s: &str, keep_slash: bool) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-    let keep = |b: u8| UNRESERVED[usize::from(b)] || (keep_slash && b == b'/');
+    let keep = &KEEP[usize::from(keep_slash)];
     let mut rest = s;
-    while let Some(i) = rest.bytes().position(|b| !keep(b)) {
+    while let Some(i) = rest.bytes().position(|b| !keep[usize::from(b)]) {
         out.push_str(&rest[..i]);
         // Every byte of a multi-byte character is encoded, so the loop
         // below only ever cuts `rest` at a character boundary.
