@@ -54,8 +54,8 @@ proptest! {
     #[test]
     fn carriers_never_panic(h in "[ -~]{0,30}", m in "[ -~]{0,30}", q in "\\PC{0,30}") {
         let c = Carriers {
-            header: "x-fencing-token".into(),
-            meta_header: "x-amz-meta-fencing-token".into(),
+            header: http::HeaderName::from_static("x-fencing-token"),
+            meta_header: http::HeaderName::from_static("x-amz-meta-fencing-token"),
             query: "x-fencing-token".into(),
         };
         let mut headers = http::HeaderMap::new();

@@ -149,10 +149,11 @@ impl Signer {
             self.second = now;
         }
         let s = self.signing.as_ref().expect("set above");
+        let (sha_name, date_name) = (X_AMZ_CONTENT_SHA256, X_AMZ_DATE);
         let mut headers = vec![
             ("host", self.host.as_str()),
-            (X_AMZ_CONTENT_SHA256, content_sha),
-            (X_AMZ_DATE, s.amz_date.as_str()),
+            (sha_name.as_str(), content_sha),
+            (date_name.as_str(), s.amz_date.as_str()),
         ];
         if let Some((name, value)) = &self.token {
             headers.push((name.as_str(), value.as_str()));

@@ -1,7 +1,7 @@
 //! Fencing tokens: parsing the decimal form and picking the token out of the
 //! three carriers a request may use (CONTRACT §1).
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// Why a request's token could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,9 +28,9 @@ pub fn parse(s: &str) -> Result<u64, TokenError> {
 #[derive(Debug, Clone)]
 pub struct Carriers {
     /// e.g. `x-fencing-token`
-    pub header: String,
+    pub header: HeaderName,
     /// e.g. `x-amz-meta-fencing-token`
-    pub meta_header: String,
+    pub meta_header: HeaderName,
     /// e.g. `x-fencing-token` (decoded query parameter name)
     pub query: String,
 }
@@ -74,7 +74,7 @@ impl Carriers {
         let header = use_header.then_some((&self.header, "token header"));
         let meta = Some((&self.meta_header, "token metadata header"));
         for (name, label) in [header, meta].into_iter().flatten() {
-            let mut values = headers.get_all(name.as_str()).iter();
+            let mut values = headers.get_all(name).iter();
             if let Some(v) = values.next() {
                 if values.next().is_some() {
                     return Err(TokenError::Repeated(label));
@@ -127,8 +127,8 @@ mod tests {
 
     fn carriers() -> Carriers {
         Carriers {
-            header: "x-fencing-token".into(),
-            meta_header: "x-amz-meta-fencing-token".into(),
+            header: HeaderName::from_static("x-fencing-token"),
+            meta_header: HeaderName::from_static("x-amz-meta-fencing-token"),
             query: "x-fencing-token".into(),
         }
     }

@@ -154,19 +154,21 @@ async fn read_small_body(mut body: ProxyBody, limit: usize) -> Result<Bytes, S3E
     Ok(buf.freeze())
 }
 
+/// A header name from the configuration, which `config::validate` checked.
+fn header_name(name: &str) -> http::HeaderName {
+    http::HeaderName::from_bytes(name.as_bytes()).expect("a validated header name")
+}
+
 impl Proxy {
     pub fn new(cfg: &Config, gate: Arc<Gate>, upstream: Arc<Upstream>) -> Proxy {
-        let stamp_header = cfg
-            .fence
-            .stamp_header()
-            .map(|h| http::HeaderName::from_bytes(h.as_bytes()).expect("validated metadata name"));
+        let stamp_header = cfg.fence.stamp_header().map(|h| header_name(&h));
         Proxy {
             region: cfg.server.region.clone(),
             creds: Credentials::new(&cfg.credentials),
             resolver: Resolver::new(&cfg.rules),
             carriers: Carriers {
-                header: cfg.fence.token_header.clone(),
-                meta_header: cfg.fence.token_meta_header(),
+                header: header_name(&cfg.fence.token_header),
+                meta_header: header_name(&cfg.fence.token_meta_header()),
                 query: cfg.fence.token_query.clone(),
             },
             stamp_header,
@@ -438,8 +440,9 @@ impl Proxy {
         // required of it: it is ignored beside a signed carrier (rclone
         // sends both), and refused alone (anyone holding a presigned URL
         // could otherwise raise a fence for good).
-        let header = self.carriers.header.as_str();
-        let unsigned_header = head.headers.contains_key(header) && !verified.signs_header(header);
+        let header = &self.carriers.header;
+        let unsigned_header =
+            head.headers.contains_key(header) && !verified.signs_header(header.as_str());
         let token = if unsigned_header && (verified.presigned || self.require_signed_token) {
             let signed = self
                 .carriers

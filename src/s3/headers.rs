@@ -1,18 +1,23 @@
 //! The names of the S3 request headers that more than one module reads or
-//! writes, so that each is spelt once.
+//! writes, so that each is spelt once. They are `HeaderName`s: a lookup by
+//! one hashes it without parsing the name again.
+
+use http::HeaderName;
 
 /// The request's timestamp (`YYYYMMDDTHHMMSSZ`), signed.
-pub const X_AMZ_DATE: &str = "x-amz-date";
+pub const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
 /// How the body is protected: its SHA-256, `UNSIGNED-PAYLOAD`, or a
 /// `STREAMING-...` aws-chunked form.
-pub const X_AMZ_CONTENT_SHA256: &str = "x-amz-content-sha256";
+pub const X_AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-amz-content-sha256");
 /// The length of an aws-chunked body once decoded.
-pub const X_AMZ_DECODED_CONTENT_LENGTH: &str = "x-amz-decoded-content-length";
+pub const X_AMZ_DECODED_CONTENT_LENGTH: HeaderName =
+    HeaderName::from_static("x-amz-decoded-content-length");
 /// The checksum trailers an aws-chunked body announces.
-pub const X_AMZ_TRAILER: &str = "x-amz-trailer";
+pub const X_AMZ_TRAILER: HeaderName = HeaderName::from_static("x-amz-trailer");
 /// A temporary credential's session token.
-pub const X_AMZ_SECURITY_TOKEN: &str = "x-amz-security-token";
+pub const X_AMZ_SECURITY_TOKEN: HeaderName = HeaderName::from_static("x-amz-security-token");
 /// CopyObject's and UploadPartCopy's source, `bucket/key[?versionId=]`.
-pub const X_AMZ_COPY_SOURCE: &str = "x-amz-copy-source";
+pub const X_AMZ_COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
 /// CopyObject: `COPY` the source's metadata or `REPLACE` it.
-pub const X_AMZ_METADATA_DIRECTIVE: &str = "x-amz-metadata-directive";
+pub const X_AMZ_METADATA_DIRECTIVE: HeaderName =
+    HeaderName::from_static("x-amz-metadata-directive");

@@ -52,13 +52,13 @@ impl HeaderSigner {
             .expect("an amz date is ASCII")
             .to_string();
         let day = &date[..8];
-        headers.insert(AMZ_DATE, date_value);
+        headers.insert(X_AMZ_DATE, date_value);
         let payload_value = match payload {
             "UNSIGNED-PAYLOAD" => HeaderValue::from_static("UNSIGNED-PAYLOAD"),
             EMPTY_SHA256 => HeaderValue::from_static(EMPTY_SHA256),
             other => header(other)?,
         };
-        headers.insert(AMZ_CONTENT_SHA256, payload_value);
+        headers.insert(X_AMZ_CONTENT_SHA256, payload_value);
         headers.remove(http::header::AUTHORIZATION);
         // Each name once (a map's keys are distinct), sorted.
         let mut names: Vec<&HeaderName> = headers.keys().collect();
@@ -97,9 +97,6 @@ impl HeaderSigner {
         Ok(())
     }
 }
-
-const AMZ_DATE: HeaderName = HeaderName::from_static(X_AMZ_DATE);
-const AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static(X_AMZ_CONTENT_SHA256);
 
 /// `x-amz-date` for `secs` as a header value, formatted once per second
 /// per thread.

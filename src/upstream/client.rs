@@ -12,7 +12,7 @@ use crate::s3::headers::{
 use crate::s3::sign::HeaderSigner;
 use crate::s3::sigv4::{EMPTY_SHA256, push_encoded};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use std::time::{Duration, SystemTime};
@@ -66,19 +66,19 @@ pub struct Upstream {
 
 /// Request headers that never go upstream: hop-by-hop headers, the client's
 /// signature, and what fencegate sets itself.
-const DROPPED: &[&str] = &[
-    "authorization",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "expect",
-    "host",
-    "content-length",
+static DROPPED: [HeaderName; 18] = [
+    header::AUTHORIZATION,
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::EXPECT,
+    header::HOST,
+    header::CONTENT_LENGTH,
     X_AMZ_DATE,
     X_AMZ_CONTENT_SHA256,
     X_AMZ_SECURITY_TOKEN,
@@ -99,12 +99,13 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-/// Copies the client's headers minus the dropped ones and `extra_drop`.
+/// Copies the client's headers minus the dropped ones and `extra_drop`,
+/// with room for the headers fencegate adds (host, length, stamp, copy
+/// source, and the signature's three), so that the map never regrows.
 pub fn forwarded_headers(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(from.len());
+    let mut out = HeaderMap::with_capacity(from.len() + 7);
     for (name, value) in from {
-        let n = name.as_str();
-        if DROPPED.contains(&n) || extra_drop.contains(&n) {
+        if DROPPED.contains(name) || extra_drop.contains(&name.as_str()) {
             continue;
         }
         out.append(name.clone(), value.clone());
