@@ -143,6 +143,8 @@ pub const MAX_PRESIGN_EXPIRY: u64 = 7 * 24 * 3600;
 #[derive(Debug, PartialEq, Eq)]
 struct Claim<'a> {
     access_key: &'a str,
+    /// `date/region/service/aws4_request`, as the credential spells it.
+    scope: &'a str,
     date: &'a str,
     region: &'a str,
     service: &'a str,
@@ -152,28 +154,20 @@ struct Claim<'a> {
     amz_date: &'a str,
 }
 
-impl Claim<'_> {
-    /// `date/region/service/aws4_request`.
-    fn scope(&self) -> String {
-        [self.date, self.region, self.service, "aws4_request"].join("/")
-    }
-}
-
-/// `KEY/DATE/REGION/SERVICE/aws4_request`, split; `None` if it is not that.
-fn split_credential(credential: &str) -> Option<[&str; 4]> {
-    let mut parts = credential.split('/');
-    let scope = [(); 5].map(|_| parts.next());
-    match (scope, parts.next()) {
-        (
-            [
-                Some(key),
-                Some(date),
-                Some(region),
-                Some(service),
-                Some("aws4_request"),
-            ],
+/// `KEY/DATE/REGION/SERVICE/aws4_request`, split into the key, the scope
+/// (all after `KEY/`) and the scope's date, region and service; `None` if
+/// it is not that.
+fn split_credential(credential: &str) -> Option<(&str, &str, [&str; 3])> {
+    let (key, scope) = credential.split_once('/')?;
+    let mut parts = scope.split('/');
+    match [(); 5].map(|_| parts.next()) {
+        [
+            Some(date),
+            Some(region),
+            Some(service),
+            Some("aws4_request"),
             None,
-        ) => Some([key, date, region, service]),
+        ] => Some((key, scope, [date, region, service])),
         _ => None,
     }
 }
@@ -219,7 +213,7 @@ pub fn verify(
         .and_then(|v| v.to_str().ok());
     let payload = payload_of(content_sha)?;
     let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
-    let scope = claim.scope();
+    let scope = claim.scope.to_string();
     let signing = Signing {
         key: known.signing_key(&scope, claim.date, claim.region, claim.service),
         amz_date: claim.amz_date.to_string(),
@@ -284,10 +278,11 @@ fn parse_auth_header<'a>(value: &'a str, amz_date: &'a str) -> Result<Claim<'a>,
     let cred = cred.ok_or_else(|| malformed("missing Credential"))?;
     let signed = signed.ok_or_else(|| malformed("missing SignedHeaders"))?;
     let signature = sig.ok_or_else(|| malformed("missing Signature"))?;
-    let [access_key, date, region, service] = split_credential(cred)
+    let (access_key, scope, [date, region, service]) = split_credential(cred)
         .ok_or_else(|| malformed("Credential must be KEY/DATE/REGION/SERVICE/aws4_request"))?;
     Ok(Claim {
         access_key,
+        scope,
         date,
         region,
         service,
@@ -312,8 +307,8 @@ fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>,
     if q("X-Amz-Algorithm")? != "AWS4-HMAC-SHA256" {
         return Err(malformed("X-Amz-Algorithm must be AWS4-HMAC-SHA256"));
     }
-    let [access_key, date, region, service] =
-        split_credential(q("X-Amz-Credential")?).ok_or_else(|| {
+    let (access_key, scope, [date, region, service]) = split_credential(q("X-Amz-Credential")?)
+        .ok_or_else(|| {
             malformed("X-Amz-Credential must be KEY/DATE/REGION/SERVICE/aws4_request")
         })?;
     let amz_date = q("X-Amz-Date")?;
@@ -334,6 +329,7 @@ fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>,
     }
     Ok(Claim {
         access_key,
+        scope,
         date,
         region,
         service,

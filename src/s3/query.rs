@@ -11,28 +11,35 @@ pub fn decode_query(raw: Option<&str>) -> Vec<(String, String)> {
     let Some(raw) = raw else { return Vec::new() };
     let bytes = raw.as_bytes();
     let mut pairs = Vec::with_capacity(memchr::memchr_iter(b'&', bytes).count() + 1);
-    // One pass over the `&`s and `=`s (found by `memchr2`): each part and
-    // its first `=`.
-    let (mut start, mut eq) = (0, None);
-    let mut push_part = |start: usize, end: usize, eq: Option<usize>| {
+    // One pass over the bytes that matter (`&`, `=`, `%`, found by
+    // `memchr3`): each part, its first `=`, and whether it has a `%` at all
+    // (most parts have none, and are copied as they are).
+    let (mut start, mut eq, mut escaped) = (0, None, false);
+    let mut push_part = |start: usize, end: usize, eq: Option<usize>, escaped: bool| {
         if end > start {
-            // `&` and `=` are ASCII: every index is a char boundary.
+            // `&`, `=` and `%` are ASCII: every index is a char boundary.
             let (k, v) = match eq {
                 Some(eq) => (&raw[start..eq], &raw[eq + 1..end]),
                 None => (&raw[start..end], ""),
             };
-            pairs.push((decode(k), decode(v)));
+            pairs.push(match escaped {
+                false => (k.to_string(), v.to_string()),
+                true => (decode(k), decode(v)),
+            });
         }
     };
-    for i in memchr::memchr2_iter(b'&', b'=', bytes) {
-        if bytes[i] == b'&' {
-            push_part(start, i, eq);
-            (start, eq) = (i + 1, None);
-        } else if eq.is_none() {
-            eq = Some(i);
+    for i in memchr::memchr3_iter(b'&', b'=', b'%', bytes) {
+        match bytes[i] {
+            b'&' => {
+                push_part(start, i, eq, escaped);
+                (start, eq, escaped) = (i + 1, None, false);
+            }
+            b'=' if eq.is_none() => eq = Some(i),
+            b'%' => escaped = true,
+            _ => {}
         }
     }
-    push_part(start, bytes.len(), eq);
+    push_part(start, bytes.len(), eq, escaped);
     pairs
 }
 
