@@ -55,8 +55,10 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, S3Error> {
         let upstream = self.upstream.clone();
         if permits.is_empty() {
-            // Nothing to hold: a read, or an unfenced write.
-            let resp = upstream.send(out).await?;
+            // Nothing to hold: a read, or an unfenced write. Boxed as the
+            // fenced write's is: unboxed, the upstream request's future
+            // (~3 KB) would size every request's future.
+            let resp = Box::pin(upstream.send(out)).await?;
             return Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed()));
         }
         let hold = Hold {

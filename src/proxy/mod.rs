@@ -235,7 +235,8 @@ impl Proxy {
                     ctx.highest = Some(*highest);
                 }
                 let (mut parts, b) = e.to_response(&ctx.path, &ctx.request_id).into_parts();
-                if let Some(cors) = self.cors_for_error(&ctx, &e).await {
+                // Boxed, as process()'s rare paths are (see there).
+                if let Some(cors) = Box::pin(self.cors_for_error(&ctx, &e)).await {
                     parts.headers.extend(cors);
                 }
                 Response::from_parts(parts, full(b))
@@ -261,13 +262,17 @@ impl Proxy {
         req: Request<Incoming>,
         ctx: &mut RequestCtx,
     ) -> Result<Response<ProxyBody>, S3Error> {
+        // The paths not every request takes (CORS, anonymous reads, the
+        // conditional and copy HEADs, DeleteObjects) are boxed: each is a
+        // future of several KB, and unboxed they would size (and have
+        // hyper move) every request's future.
         let (head, incoming) = req.into_parts();
         let query = self.check_head(&head)?;
         if head.method == http::Method::OPTIONS {
-            return self.preflight(ctx, &head).await;
+            return Box::pin(self.preflight(ctx, &head)).await;
         }
         if self.anonymous_reads && auth::is_anonymous(&head.headers, &query) {
-            return self.anonymous_read(ctx, &head, query).await;
+            return Box::pin(self.anonymous_read(ctx, &head, query)).await;
         }
         let verified = self.authenticate(ctx, &head, &query)?;
         let op = self.classify(ctx, &head, &query)?;
@@ -287,16 +292,14 @@ impl Proxy {
             Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
         );
         if per_object && self.conditional_writes && admitted.fenced.permit.is_some() {
-            self.condition_on_current(&mut out, &head.headers, &admitted.op)
-                .await?;
+            Box::pin(self.condition_on_current(&mut out, &head.headers, &admitted.op)).await?;
         }
         match admitted.op.op {
             Op::CopyObject if admitted.fenced.token.is_some() => {
-                self.keep_source_metadata(&mut out, &head.headers, &admitted.op)
-                    .await?
+                Box::pin(self.keep_source_metadata(&mut out, &head.headers, &admitted.op)).await?
             }
             Op::DeleteObjects => {
-                let more = self.fence_multi_delete(&admitted.op, token, &mut out, ctx);
+                let more = Box::pin(self.fence_multi_delete(&admitted.op, token, &mut out, ctx));
                 permits.extend(more.await?.into_iter().map(Arc::new));
             }
             _ => {}

@@ -370,7 +370,9 @@ impl Gate {
         kind: Kind,
     ) -> Result<Option<Permit>, Refusal> {
         if let Some(c) = &self.cluster {
-            return self.admit_shared(c, resource, token, kind).await;
+            // Boxed: its etcd transaction is a future of several KB, which
+            // would otherwise size every request's future, clustered or not.
+            return Box::pin(self.admit_shared(c, resource, token, kind)).await;
         }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token).await?;
