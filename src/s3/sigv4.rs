@@ -46,14 +46,22 @@ pub fn hex_lower(bytes: &[u8]) -> String {
     out
 }
 
-/// Appends `bytes` as lowercase hex.
+/// Appends `bytes` as lowercase hex (two digits per byte, by table).
 pub fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    static PAIRS: [[u8; 2]; 256] = {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut b = 0;
+        while b < 256 {
+            t[b] = [DIGITS[b >> 4], DIGITS[b & 15]];
+            b += 1;
+        }
+        t
+    };
     for chunk in bytes.chunks(32) {
         let mut buf = [0u8; 64];
-        for (pair, b) in buf.chunks_exact_mut(2).zip(chunk) {
-            pair[0] = DIGITS[usize::from(b >> 4)];
-            pair[1] = DIGITS[usize::from(b & 15)];
+        for (pair, &b) in buf.chunks_exact_mut(2).zip(chunk) {
+            pair.copy_from_slice(&PAIRS[usize::from(b)]);
         }
         let hex = &buf[..chunk.len() * 2];
         out.push_str(std::str::from_utf8(hex).expect("hex digits are ASCII"));
