@@ -261,3 +261,32 @@ pub fn clean_response_headers(headers: &mut HeaderMap) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the backend must never get from the client: hop-by-hop framing
+    /// (a second reading of where the body ends), the client's signature
+    /// and session token, and the headers fencegate writes itself from what
+    /// it parsed (the copy source among them).
+    #[test]
+    fn dropped_headers_never_go_upstream() {
+        let mut from = HeaderMap::new();
+        for name in &DROPPED {
+            from.append(name.clone(), HeaderValue::from_static("client"));
+        }
+        // As a client spells them: parsed, not built from the constants.
+        for name in ["Transfer-Encoding", "X-Amz-Copy-Source", "Keep-Alive"] {
+            let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            from.append(name, HeaderValue::from_static("client"));
+        }
+        from.insert("x-amz-meta-kept", HeaderValue::from_static("yes"));
+        from.insert("content-type", HeaderValue::from_static("text/plain"));
+        from.insert("x-fencing-token", HeaderValue::from_static("7"));
+        let out = forwarded_headers(&from, &["x-fencing-token"]);
+        let mut names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-type", "x-amz-meta-kept"]);
+    }
+}
