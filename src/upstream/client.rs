@@ -64,18 +64,23 @@ pub struct Upstream {
     signer: HeaderSigner,
 }
 
-/// Request headers that never go upstream: hop-by-hop headers, the client's
-/// signature, and what fencegate sets itself.
-static DROPPED: [HeaderName; 18] = [
-    header::AUTHORIZATION,
+/// Hop-by-hop headers: they describe one connection, so they go neither
+/// upstream nor back to the client.
+static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHORIZATION,
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+];
+
+/// Request headers that never go upstream besides the hop-by-hop ones: the
+/// client's signature, and what fencegate sets itself.
+static DROPPED: [HeaderName; 11] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
     header::EXPECT,
     header::HOST,
     header::CONTENT_LENGTH,
@@ -88,24 +93,16 @@ static DROPPED: [HeaderName; 18] = [
     X_AMZ_COPY_SOURCE,
 ];
 
-/// Response headers that are not passed back (hop-by-hop).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
 /// Copies the client's headers minus the dropped ones and `extra_drop`,
 /// with room for the headers fencegate adds (host, length, stamp, copy
 /// source, and the signature's three), so that the map never regrows.
 pub fn forwarded_headers(from: &HeaderMap, extra_drop: &[&str]) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(from.len() + 7);
     for (name, value) in from {
-        if DROPPED.contains(name) || extra_drop.contains(&name.as_str()) {
+        if HOP_BY_HOP.contains(name)
+            || DROPPED.contains(name)
+            || extra_drop.contains(&name.as_str())
+        {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -255,9 +252,9 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 pub fn clean_response_headers(headers: &mut HeaderMap) {
     // A scan of the few headers an answer has, cheaper than a lookup per
     // hop-by-hop name when (as nearly always) there is none.
-    if headers.keys().any(|n| HOP_BY_HOP.contains(&n.as_str())) {
-        for h in HOP_BY_HOP {
-            headers.remove(*h);
+    if headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        for h in &HOP_BY_HOP {
+            headers.remove(h);
         }
     }
 }
@@ -273,7 +270,7 @@ mod tests {
     #[test]
     fn dropped_headers_never_go_upstream() {
         let mut from = HeaderMap::new();
-        for name in &DROPPED {
+        for name in HOP_BY_HOP.iter().chain(&DROPPED) {
             from.append(name.clone(), HeaderValue::from_static("client"));
         }
         // As a client spells them: parsed, not built from the constants.
@@ -288,5 +285,26 @@ mod tests {
         let mut names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
         assert_eq!(names, ["content-type", "x-amz-meta-kept"]);
+    }
+
+    /// A backend's hop-by-hop headers describe its connection to fencegate,
+    /// not fencegate's to the client: they are not passed back.
+    #[test]
+    fn hop_by_hop_answers_stay_behind() {
+        let mut headers = HeaderMap::new();
+        for name in [
+            "Connection",
+            "Keep-Alive",
+            "Transfer-Encoding",
+            "ETag",
+            "Content-Length",
+        ] {
+            let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            headers.append(name, HeaderValue::from_static("backend"));
+        }
+        clean_response_headers(&mut headers);
+        let mut names: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-length", "etag"]);
     }
 }
