@@ -10,9 +10,19 @@
 //! above it is fencegate's work; what it costs itself is what any proxy on
 //! this stack pays.
 //!
+//! With `FLOOR_SIGV4=1` it also does the one part of fencegate's work no
+//! fencing proxy can skip, with fencegate's own code: it checks the
+//! client's SigV4 signature (`s3::auth::verify`, the demo credential) and
+//! re-signs the request for the backend (`s3::sign::HeaderSigner`, the
+//! sink's credential), and nothing else (path `floor+sigv4`).
+//!
 //!     cargo run --release --example floor_proxy -- 127.0.0.1:PORT http://BACKEND
 
+use fencegate::config::Credential;
+use fencegate::s3::auth::{self, Credentials};
 use fencegate::s3::error::S3Error;
+use fencegate::s3::sign::HeaderSigner;
+use fencegate::s3::sigv4::Head;
 use fencegate::upstream::client::UpstreamBody;
 use fencegate::upstream::pool::Pool;
 use http_body_util::BodyExt;
@@ -41,6 +51,18 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Duration::from_micros);
+    let sigv4 = std::env::var_os("FLOOR_SIGV4").is_some().then(|| {
+        let client = Credentials::new(&[Credential {
+            access_key_id: "fencegate-demo".into(),
+            secret_access_key: "fencegate-demo-secret-key".into(),
+            buckets: vec!["*".into()],
+            bucket_admin: false,
+        }]);
+        Arc::new((
+            client,
+            HeaderSigner::new("sink", "sink-secret", "us-east-1"),
+        ))
+    });
     let tls = fencegate::tls::client_config_without_roots().expect("a TLS config");
     let pool = Arc::new(Pool::new(tls, backend, Duration::from_secs(30)));
     let listener = tokio::net::TcpListener::bind(listen.as_str())
@@ -54,10 +76,10 @@ async fn main() {
             continue;
         };
         let _ = sock.set_nodelay(true);
-        let (pool, http) = (pool.clone(), http.clone());
+        let (pool, http, sigv4) = (pool.clone(), http.clone(), sigv4.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let pool = pool.clone();
+                let (pool, sigv4) = (pool.clone(), sigv4.clone());
                 async move {
                     if let Some(spin) = spin {
                         let until = std::time::Instant::now() + spin;
@@ -65,7 +87,11 @@ async fn main() {
                             std::hint::spin_loop();
                         }
                     }
-                    let (head, body) = req.into_parts();
+                    let (mut head, body) = req.into_parts();
+                    if let Some(keys) = &sigv4 {
+                        signatures_only(&mut head, &keys.0, &keys.1)
+                            .map_err(|e| std::io::Error::other(e.to_string()))?;
+                    }
                     let body: UpstreamBody = body
                         .map_err(|e| S3Error::Internal(e.to_string()))
                         .boxed_unsync();
@@ -76,4 +102,37 @@ async fn main() {
             let _ = http.serve_connection(TokioIo::new(sock), svc).await;
         });
     }
+}
+
+/// Checks the client's signature and re-signs the head for the backend, as
+/// fencegate does, and does nothing else: the path without its query goes
+/// upstream (a PutObject's whole query is the presigned signature and the
+/// token), with the headers it came with.
+fn signatures_only(
+    head: &mut http::request::Parts,
+    client: &Credentials,
+    backend: &HeaderSigner,
+) -> Result<(), S3Error> {
+    let now = std::time::SystemTime::now();
+    let query = fencegate::s3::query::decode_query(head.uri.query());
+    let verified = auth::verify(
+        &Head {
+            method: head.method.as_str(),
+            raw_path: head.uri.path(),
+            query: &query,
+            headers: &head.headers,
+        },
+        client,
+        "us-east-1",
+        now,
+    )?;
+    let payload = match verified.payload {
+        auth::Payload::Sha256(hash) => fencegate::s3::sigv4::hex_lower(&hash),
+        _ => "UNSIGNED-PAYLOAD".to_string(),
+    };
+    let path = head.uri.path().to_string();
+    let method = head.method.as_str().to_string();
+    backend.sign(&method, &path, &[], &mut head.headers, &payload, now)?;
+    head.uri = path.parse().map_err(|_| S3Error::Internal("path".into()))?;
+    Ok(())
 }
