@@ -130,9 +130,9 @@ fn signatures_only(
         auth::Payload::Sha256(hash) => fencegate::s3::sigv4::hex_lower(&hash),
         _ => "UNSIGNED-PAYLOAD".to_string(),
     };
-    let path = head.uri.path().to_string();
-    let method = head.method.as_str().to_string();
-    backend.sign(&method, &path, &[], &mut head.headers, &payload, now)?;
-    head.uri = path.parse().map_err(|_| S3Error::Internal("path".into()))?;
+    let uri: http::Uri = (head.uri.path().parse()).map_err(|_| S3Error::Internal("path".into()))?;
+    let method = head.method.as_str();
+    backend.sign(method, uri.path(), &[], &mut head.headers, &payload, now)?;
+    head.uri = uri;
     Ok(())
 }
