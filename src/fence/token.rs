@@ -1,6 +1,7 @@
 //! Fencing tokens: parsing the decimal form and picking the token out of the
 //! three carriers a request may use (CONTRACT §1).
 
+use crate::s3::query::Param;
 use http::{HeaderMap, HeaderName};
 
 /// Why a request's token could not be used.
@@ -40,7 +41,7 @@ impl Carriers {
     pub fn extract(
         &self,
         headers: &HeaderMap,
-        query: &[(String, String)],
+        query: &[Param<'_>],
     ) -> Result<Option<u64>, TokenError> {
         self.extract_from(headers, query, true)
     }
@@ -50,7 +51,7 @@ impl Carriers {
     pub fn extract_without_header(
         &self,
         headers: &HeaderMap,
-        query: &[(String, String)],
+        query: &[Param<'_>],
     ) -> Result<Option<u64>, TokenError> {
         self.extract_from(headers, query, false)
     }
@@ -58,7 +59,7 @@ impl Carriers {
     fn extract_from(
         &self,
         headers: &HeaderMap,
-        query: &[(String, String)],
+        query: &[Param<'_>],
         use_header: bool,
     ) -> Result<Option<u64>, TokenError> {
         let mut found: Option<u64> = None;
@@ -139,7 +140,7 @@ mod tests {
         h.insert("x-fencing-token", "34".parse().unwrap());
         h.insert("x-amz-meta-fencing-token", "034".parse().unwrap());
         assert_eq!(carriers().extract(&h, &[]), Ok(Some(34)));
-        let q = vec![("x-fencing-token".to_string(), "35".to_string())];
+        let q = vec![("x-fencing-token".into(), "35".into())];
         assert_eq!(
             carriers().extract(&h, &q),
             Err(TokenError::Disagree(34, 35))

@@ -49,7 +49,7 @@ impl Proxy {
             query: src
                 .version_id
                 .clone()
-                .map(|v| vec![("versionId".into(), v)])
+                .map(|v| vec![("versionId".into(), v.into())])
                 .unwrap_or_default(),
             headers: HeaderMap::new(),
             body: None,

@@ -37,7 +37,7 @@ mod outgoing;
 mod public;
 
 use crate::body::{ProxyBody, full};
-use crate::config::Config;
+use crate::config::{Config, Credential};
 use crate::fence::gate::{Gate, Kind, Permit};
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
@@ -46,7 +46,7 @@ use crate::s3::auth::{self, Credentials, Verified};
 use crate::s3::error::S3Error;
 use crate::s3::names;
 use crate::s3::op::{self, Access, Op, Operation};
-use crate::s3::query;
+use crate::s3::query::{self, Param};
 use crate::s3::xml;
 use crate::upstream::client::{Upstream, clean_response_headers};
 use bytes::Bytes;
@@ -88,14 +88,17 @@ struct RequestCtx {
     request_id: String,
     started: Instant,
     method: http::Method,
-    path: String,
+    /// The request's path as sent (for an error's `Resource`): the URI
+    /// shares its bytes, so keeping it copies nothing.
+    uri: http::Uri,
     /// The `Origin` of a cross-origin (browser) request.
     origin: Option<http::HeaderValue>,
     bytes_in: u64,
     op: &'static str,
     bucket: Option<String>,
     key: Option<String>,
-    access_key: Option<String>,
+    /// Who signed (shared with the credential table: no copy per request).
+    credential: Option<Arc<Credential>>,
     resource: Option<String>,
     token: Option<u64>,
     highest: Option<u64>,
@@ -104,10 +107,10 @@ struct RequestCtx {
 }
 
 /// What the phases before the upstream request established.
-struct Admitted {
+struct Admitted<'a> {
     verified: Verified,
     op: Operation,
-    query: Vec<(String, String)>,
+    query: Vec<Param<'a>>,
     fenced: Fenced,
 }
 
@@ -209,7 +212,7 @@ impl Proxy {
             request_id: self.request_id(),
             started: Instant::now(),
             method: req.method().clone(),
-            path: req.uri().path().to_string(),
+            uri: req.uri().clone(),
             origin: req.headers().get(http::header::ORIGIN).cloned(),
             bytes_in: req
                 .headers()
@@ -220,7 +223,7 @@ impl Proxy {
             op: "Unknown",
             bucket: None,
             key: None,
-            access_key: None,
+            credential: None,
             resource: None,
             token: None,
             highest: None,
@@ -234,7 +237,7 @@ impl Proxy {
                 if let S3Error::StaleFencingToken { highest, .. } = &e {
                     ctx.highest = Some(*highest);
                 }
-                let (mut parts, b) = e.to_response(&ctx.path, &ctx.request_id).into_parts();
+                let (mut parts, b) = e.to_response(ctx.uri.path(), &ctx.request_id).into_parts();
                 // Boxed, as process()'s rare paths are (see there).
                 if let Some(cors) = Box::pin(self.cors_for_error(&ctx, &e)).await {
                     parts.headers.extend(cors);
@@ -321,7 +324,7 @@ impl Proxy {
     }
 
     /// Phase 1: the head's size, and the query parsed once.
-    fn check_head(&self, head: &Parts) -> Result<Vec<(String, String)>, S3Error> {
+    fn check_head<'h>(&self, head: &'h Parts) -> Result<Vec<Param<'h>>, S3Error> {
         let header_bytes: usize = head
             .headers
             .iter()
@@ -339,7 +342,7 @@ impl Proxy {
             (1..query.len()).find(|&i| query[..i].iter().any(|(k, _)| *k == query[i].0))
         } else {
             let mut names = std::collections::HashSet::with_capacity(query.len());
-            query.iter().position(|(k, _)| !names.insert(k.as_str()))
+            query.iter().position(|(k, _)| !names.insert(k.as_ref()))
         };
         if let Some(i) = repeated {
             return Err(S3Error::InvalidArgument(format!(
@@ -355,7 +358,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        query: &[(String, String)],
+        query: &[Param<'_>],
     ) -> Result<Verified, S3Error> {
         let verified = auth::verify(
             &auth::Head {
@@ -368,7 +371,7 @@ impl Proxy {
             &self.region,
             SystemTime::now(),
         )?;
-        ctx.access_key = Some(verified.credential.access_key_id.clone());
+        ctx.credential = Some(verified.credential.clone());
         ctx.payload = verified.payload.name();
         Ok(verified)
     }
@@ -378,7 +381,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        query: &[(String, String)],
+        query: &[Param<'_>],
     ) -> Result<Operation, S3Error> {
         let (bucket, key) = self.split(ctx, head)?;
         let op = op::classify(&head.method, bucket, key, query, &head.headers)?;
@@ -435,7 +438,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        query: &[(String, String)],
+        query: &[Param<'_>],
         verified: &Verified,
         op: &Operation,
     ) -> Result<Option<u64>, S3Error> {
@@ -585,7 +588,7 @@ impl RequestCtx {
             op: self.op,
             bucket: self.bucket.as_deref().unwrap_or(""),
             key: self.key.as_deref().unwrap_or(""),
-            access_key: self.access_key.as_deref().unwrap_or(""),
+            access_key: self.credential.as_ref().map_or("", |c| &c.access_key_id),
             resource: self.resource.as_deref().unwrap_or(""),
             token: self.token,
             highest: self.highest,

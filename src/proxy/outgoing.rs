@@ -9,6 +9,7 @@ use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
 use crate::s3::error::S3Error;
 use crate::s3::headers::{X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER};
+use crate::s3::query;
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
@@ -63,10 +64,10 @@ impl Proxy {
         } = admitted;
         // The token and a presigned URL's signature are fencegate's; the
         // backend gets its own header signature.
-        let query: Vec<(String, String)> = query
+        let query = query
             .iter()
             .filter(|(k, _)| *k != self.carriers.query && !is_presign_param(k))
-            .cloned()
+            .map(query::owned)
             .collect();
         // With stamping on, the stamp replaces the token's metadata carrier;
         // with it off, a token the client put in its metadata stays there as
@@ -190,12 +191,8 @@ impl Proxy {
                 .collect(),
             false => Vec::new(),
         };
-        let signing = match verified.payload {
-            Payload::StreamingSigned { .. } => Some(verified.signing.clone()),
-            _ => None,
-        };
         let spec = ChunkedSpec {
-            signing,
+            signing: verified.signing.clone(),
             trailers: trailers.clone(),
             has_trailer,
             decoded_len,

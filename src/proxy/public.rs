@@ -17,6 +17,7 @@ use super::{Proxy, RequestCtx, read_small_body};
 use crate::body::{BoxError, ProxyBody};
 use crate::s3::error::S3Error;
 use crate::s3::op::Access;
+use crate::s3::query::{self, Param};
 use crate::upstream::client::{
     Outgoing, UpstreamPayload, clean_response_headers, forwarded_headers,
 };
@@ -55,7 +56,7 @@ impl Proxy {
                 headers.append(name.clone(), v.clone());
             }
         }
-        self.pass_through(unsigned(Method::OPTIONS, bucket, key, Vec::new(), headers))
+        self.pass_through(unsigned(Method::OPTIONS, bucket, key, &[], headers))
             .await
     }
 
@@ -65,7 +66,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        query: Vec<(String, String)>,
+        query: Vec<Param<'_>>,
     ) -> Result<Response<ProxyBody>, S3Error> {
         let op = self.classify(ctx, head, &query)?;
         let reads = matches!(
@@ -87,7 +88,7 @@ impl Proxy {
             ));
         }
         let headers = forwarded_headers(&head.headers, &[]);
-        let out = unsigned(head.method.clone(), op.bucket, op.key, query, headers);
+        let out = unsigned(head.method.clone(), op.bucket, op.key, &query, headers);
         self.pass_through(out).await
     }
 
@@ -121,7 +122,7 @@ impl Proxy {
             Method::OPTIONS,
             Some(ctx.bucket.clone()?),
             ctx.key.clone(),
-            Vec::new(),
+            &[],
             headers,
         );
         let asked = async {
@@ -170,14 +171,14 @@ fn unsigned(
     method: Method,
     bucket: Option<String>,
     key: Option<String>,
-    query: Vec<(String, String)>,
+    query: &[Param<'_>],
     headers: HeaderMap,
 ) -> Outgoing {
     Outgoing {
         method,
         bucket,
         key,
-        query,
+        query: query.iter().map(query::owned).collect(),
         headers,
         body: None,
         content_length: None,

@@ -5,7 +5,7 @@
 
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
-use super::query::query_param;
+use super::query::{Param, query_param};
 use crate::config::Credential;
 use http::HeaderMap;
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 pub use super::sigv4::{Head, canonical_request};
 use super::sigv4::{
-    KeyCache, SigningKey, parse_amz_date, same_signature, signing_key, string_to_sign,
+    KeyCache, SigningKey, hex_lower, parse_amz_date, same_signature, signing_key, string_to_sign,
 };
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
@@ -64,7 +64,8 @@ impl Payload {
 pub struct Verified {
     pub credential: Arc<Credential>,
     pub payload: Payload,
-    pub signing: Signing,
+    /// For a body of signed chunks (`Payload::StreamingSigned`) only.
+    pub signing: Option<Signing>,
     /// Whether the signature is in the URL (presigned) or the header.
     pub presigned: bool,
     /// The signed header names, `;`-separated, as signed.
@@ -158,27 +159,32 @@ struct Claim<'a> {
 /// (all after `KEY/`) and the scope's date, region and service; `None` if
 /// it is not that.
 fn split_credential(credential: &str) -> Option<(&str, &str, [&str; 3])> {
-    let (key, scope) = credential.split_once('/')?;
-    let mut parts = scope.split('/');
-    match [(); 5].map(|_| parts.next()) {
-        [
-            Some(date),
-            Some(region),
-            Some(service),
-            Some("aws4_request"),
-            None,
-        ] => Some((key, scope, [date, region, service])),
-        _ => None,
-    }
+    // The first four `/`s, found by `memchr` (a `str::split` per part
+    // costs several times as much on every request); what follows the
+    // fourth must be `aws4_request`, so a fifth is refused there.
+    let mut slashes = memchr::memchr_iter(b'/', credential.as_bytes());
+    let [Some(a), Some(b), Some(c), Some(d)] = [(); 4].map(|_| slashes.next()) else {
+        return None;
+    };
+    // `/` is ASCII: every index is a char boundary.
+    let part = |from: usize, to: usize| &credential[from + 1..to];
+    let scope = &credential[a + 1..];
+    (&credential[d + 1..] == "aws4_request").then(|| {
+        (
+            &credential[..a],
+            scope,
+            [part(a, b), part(b, c), part(c, d)],
+        )
+    })
 }
 
 /// Whether a request carries no signature at all: no `Authorization`
 /// header and none of a presigned URL's parameters.
-pub fn is_anonymous(headers: &http::HeaderMap, query: &[(String, String)]) -> bool {
+pub fn is_anonymous(headers: &http::HeaderMap, query: &[Param<'_>]) -> bool {
     !headers.contains_key(http::header::AUTHORIZATION)
         && !query.iter().any(|(k, _)| {
             matches!(
-                k.as_str(),
+                k.as_ref(),
                 "X-Amz-Algorithm" | "X-Amz-Credential" | "X-Amz-Signature"
             )
         })
@@ -213,17 +219,19 @@ pub fn verify(
         .and_then(|v| v.to_str().ok());
     let payload = payload_of(content_sha)?;
     let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
-    let scope = claim.scope.to_string();
-    let signing = Signing {
-        key: known.signing_key(&scope, claim.date, claim.region, claim.service),
-        amz_date: claim.amz_date.to_string(),
-        seed_signature: claim.signature.to_string(),
-        scope,
-    };
-    let to_sign = string_to_sign(&signing.amz_date, &signing.scope, &canonical);
-    if !same_signature(&signing.sign(&to_sign), claim.signature) {
+    let key = known.signing_key(claim.scope, claim.date, claim.region, claim.service);
+    let to_sign = string_to_sign(claim.amz_date, claim.scope, &canonical);
+    if !same_signature(&hex_lower(&key.mac(to_sign.as_bytes())), claim.signature) {
         return Err(S3Error::SignatureDoesNotMatch);
     }
+    // Only signed chunks need the material again (most requests have
+    // none: three strings not made).
+    let signing = matches!(payload, Payload::StreamingSigned { .. }).then(|| Signing {
+        key,
+        amz_date: claim.amz_date.to_string(),
+        scope: claim.scope.to_string(),
+        seed_signature: claim.signature.to_string(),
+    });
     Ok(Verified {
         credential: known.credential.clone(),
         payload,
@@ -523,5 +531,37 @@ mod tests {
             verify_get(&creds, &signed_get("not-SK", day1), day1),
             Err(S3Error::SignatureDoesNotMatch)
         ));
+    }
+
+    /// A credential is a key and exactly four parts, the last
+    /// `aws4_request`; anything else is refused, whatever the parts hold.
+    #[test]
+    fn credentials_split_into_key_and_scope() {
+        let ok = "AK/20240101/us-east-1/s3/aws4_request";
+        assert_eq!(
+            split_credential(ok),
+            Some((
+                "AK",
+                "20240101/us-east-1/s3/aws4_request",
+                ["20240101", "us-east-1", "s3"]
+            ))
+        );
+        // Empty parts split as they are (the scope checks refuse them).
+        assert_eq!(
+            split_credential("//x//aws4_request"),
+            Some(("", "/x//aws4_request", ["", "x", ""]))
+        );
+        for bad in [
+            "",
+            "AK",
+            "AK/20240101/us-east-1/s3",
+            "AK/20240101/us-east-1/s3/aws4_requesT",
+            "AK/20240101/us-east-1/s3/aws4_request/",
+            "AK/20240101/us-east-1/s3/aws4_request/more",
+            "AK/20240101/us-east-1/aws4_request",
+            "AK/20240101/us-east-1/s3/x/aws4_request",
+        ] {
+            assert_eq!(split_credential(bad), None, "{bad:?}");
+        }
     }
 }

@@ -20,7 +20,8 @@
 //! A trailing `/` (a "folder" object, `photos/`) is allowed.
 
 use super::error::S3Error;
-use super::sigv4::{percent_decode, push_encoded};
+use super::query::percent_decode;
+use super::sigv4::push_encoded;
 
 /// The longest key S3 accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;

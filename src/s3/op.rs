@@ -7,6 +7,7 @@
 use super::error::S3Error;
 use super::headers::X_AMZ_COPY_SOURCE;
 use super::names::CopySource;
+use super::query::Param;
 use super::query::{has_query_param, query_param};
 use http::{HeaderMap, Method};
 
@@ -207,7 +208,7 @@ pub fn classify(
     method: &Method,
     bucket: Option<String>,
     key: Option<String>,
-    query: &[(String, String)],
+    query: &[Param<'_>],
     headers: &HeaderMap,
 ) -> Result<Operation, S3Error> {
     let q = |n| has_query_param(query, n);
@@ -297,10 +298,7 @@ mod tests {
 
     fn classify_path(method: Method, path: &str, query: &[(&str, &str)], copy: bool) -> Operation {
         let (b, k) = split_path(path).unwrap();
-        let q: Vec<(String, String)> = query
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
+        let q: Vec<Param> = query.iter().map(|&(a, b)| (a.into(), b.into())).collect();
         let mut h = HeaderMap::new();
         if copy {
             h.insert("x-amz-copy-source", "/src/k".parse().unwrap());
@@ -517,7 +515,7 @@ mod tests {
         let (b, k) = folder();
         assert!(classify(&Method::PUT, b, k, &[], &h).is_err());
         let (b, k) = folder();
-        let uploads = [("uploads".to_string(), String::new())];
+        let uploads = [("uploads".into(), "".into())];
         assert!(classify(&Method::POST, b, k, &uploads, &HeaderMap::new()).is_err());
         let (b, k) = folder();
         let put = classify(&Method::PUT, b, k, &[], &HeaderMap::new()).unwrap();
@@ -553,7 +551,7 @@ mod tests {
             &Method::POST,
             Some("b".into()),
             Some("k".into()),
-            &[("uploads".into(), String::new())],
+            &[("uploads".into(), "".into())],
             &h,
         )
         .unwrap();

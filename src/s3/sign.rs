@@ -6,8 +6,9 @@
 
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
+use super::query::Param;
 use super::sigv4::{
-    EMPTY_SHA256, Head, KeyCache, amz_date, canonical_request, hex_lower, signing_key,
+    EMPTY_SHA256, Head, KeyCache, amz_date, canonical_request, push_hex, signing_key,
     string_to_sign,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -40,19 +41,16 @@ impl HeaderSigner {
         &self,
         method: &str,
         path: &str,
-        query: &[(String, String)],
+        query: &[Param<'_>],
         headers: &mut HeaderMap,
         payload: &str,
         now: SystemTime,
     ) -> Result<(), S3Error> {
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let date_value = this_second(secs);
-        let date = date_value
-            .to_str()
-            .expect("an amz date is ASCII")
-            .to_string();
+        headers.insert(X_AMZ_DATE, date_value.clone());
+        let date = date_value.to_str().expect("an amz date is ASCII");
         let day = &date[..8];
-        headers.insert(X_AMZ_DATE, date_value);
         let payload_value = match payload {
             "UNSIGNED-PAYLOAD" => HeaderValue::from_static("UNSIGNED-PAYLOAD"),
             EMPTY_SHA256 => HeaderValue::from_static(EMPTY_SHA256),
@@ -70,21 +68,21 @@ impl HeaderSigner {
             headers,
         };
         let canonical = canonical_request(&head, &names, false, Some(payload))?;
-        let scope = [day, &self.region, "s3/aws4_request"].join("/");
         let key = (self.day_key).get(day, || {
             signing_key(&self.secret_key, day, &self.region, "s3")
         });
-        let signature = hex_lower(&key.mac(string_to_sign(&date, &scope, &canonical).as_bytes()));
+        // The header value is written in one buffer, the scope (which the
+        // string to sign repeats) and the signature straight into it.
         let mut authorization = String::with_capacity(256);
-        for part in [
-            "AWS4-HMAC-SHA256 Credential=",
-            &self.access_key,
-            "/",
-            &scope,
-            ", SignedHeaders=",
-        ] {
+        authorization.push_str("AWS4-HMAC-SHA256 Credential=");
+        authorization.push_str(&self.access_key);
+        authorization.push('/');
+        let scope_at = authorization.len();
+        for part in [day, "/", &self.region, "/s3/aws4_request"] {
             authorization.push_str(part);
         }
+        let to_sign = string_to_sign(date, &authorization[scope_at..], &canonical);
+        authorization.push_str(", SignedHeaders=");
         for (i, name) in names.iter().enumerate() {
             if i > 0 {
                 authorization.push(';');
@@ -92,7 +90,7 @@ impl HeaderSigner {
             authorization.push_str(name.as_str());
         }
         authorization.push_str(", Signature=");
-        authorization.push_str(&signature);
+        push_hex(&mut authorization, &key.mac(to_sign.as_bytes()));
         headers.insert(http::header::AUTHORIZATION, header(&authorization)?);
         Ok(())
     }

@@ -5,12 +5,12 @@
 //! (`bench::load`) sign with them.
 
 use super::error::S3Error;
+use super::query::{Param, percent_decode};
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use http::header::AsHeaderName;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
-use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -202,38 +202,6 @@ const fn keep_table(slash: bool) -> [bool; 256] {
     t
 }
 
-/// Percent-decodes `s`: each `%` and two hex digits becomes that byte; a
-/// `%` without them stays as it is (as `percent_decode_str` reads it, the
-/// reference it is tested against in `tests/parsers.rs`). Paths, keys and
-/// query parts are all decoded here. Borrowed when there is nothing to
-/// decode; otherwise the plain runs between escapes are copied whole.
-pub fn percent_decode(s: &str) -> Cow<'_, [u8]> {
-    let bytes = s.as_bytes();
-    let Some(first) = memchr::memchr(b'%', bytes) else {
-        return Cow::Borrowed(bytes);
-    };
-    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(bytes.len());
-    let (mut copied, mut at) = (0, Some(first));
-    while let Some(i) = at {
-        let escape = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| Some(hex(h[0])? << 4 | hex(h[1])?));
-        let next = match escape {
-            Some(b) => {
-                out.extend_from_slice(&bytes[copied..i]);
-                out.push(b);
-                copied = i + 3;
-                i + 3
-            }
-            None => i + 1,
-        };
-        at = memchr::memchr(b'%', &bytes[next..]).map(|j| next + j);
-    }
-    out.extend_from_slice(&bytes[copied..]);
-    Cow::Owned(out)
-}
-
 /// The canonical URI: the decoded path re-encoded with SigV4's rules
 /// (S3 does not normalise `.` or `//`).
 pub fn canonical_uri(raw_path: &str) -> String {
@@ -282,7 +250,7 @@ pub fn push_encoded(out: &mut String, s: &str, keep_slash: bool) {
 
 /// The canonical query string from decoded pairs, skipping `skip`: each
 /// name and value percent-encoded, sorted, joined.
-pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String {
+pub fn canonical_query(pairs: &[Param<'_>], skip: Option<&str>) -> String {
     let mut out = String::new();
     push_canonical_query(&mut out, pairs, skip);
     out
@@ -290,14 +258,14 @@ pub fn canonical_query(pairs: &[(String, String)], skip: Option<&str>) -> String
 
 /// [`canonical_query`], appended to `out`. The pairs are encoded once into
 /// one buffer and sorted as spans of it.
-fn push_canonical_query(out: &mut String, pairs: &[(String, String)], skip: Option<&str>) {
+fn push_canonical_query(out: &mut String, pairs: &[Param<'_>], skip: Option<&str>) {
     if pairs.is_empty() {
         return;
     }
     let mut encoded = String::with_capacity(pairs.iter().map(|(k, v)| k.len() + v.len()).sum());
     // (start of the name, start of the value, end of the value) in `encoded`.
     let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(pairs.len());
-    for (k, v) in pairs.iter().filter(|(k, _)| Some(k.as_str()) != skip) {
+    for (k, v) in pairs.iter().filter(|(k, _)| Some(k.as_ref()) != skip) {
         let start = encoded.len();
         push_encoded(&mut encoded, k, false);
         let mid = encoded.len();
@@ -322,7 +290,7 @@ fn push_canonical_query(out: &mut String, pairs: &[(String, String)], skip: Opti
 pub struct Head<'a> {
     pub method: &'a str,
     pub raw_path: &'a str,
-    pub query: &'a [(String, String)],
+    pub query: &'a [Param<'a>],
     pub headers: &'a HeaderMap,
 }
 

@@ -9,6 +9,7 @@ use crate::s3::headers::{
     X_AMZ_CONTENT_SHA256, X_AMZ_COPY_SOURCE, X_AMZ_DATE, X_AMZ_DECODED_CONTENT_LENGTH,
     X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER,
 };
+use crate::s3::query::Param;
 use crate::s3::sign::HeaderSigner;
 use crate::s3::sigv4::{EMPTY_SHA256, push_encoded};
 use bytes::Bytes;
@@ -33,7 +34,7 @@ pub struct Outgoing {
     pub bucket: Option<String>,
     pub key: Option<String>,
     /// Decoded query pairs to forward.
-    pub query: Vec<(String, String)>,
+    pub query: Vec<Param<'static>>,
     pub headers: HeaderMap,
     pub body: Option<FrameStream>,
     pub content_length: Option<u64>,
