@@ -1,8 +1,12 @@
 //! Fencing tokens: parsing the decimal form and picking the token out of the
 //! three carriers a request may use (CONTRACT §1).
 
-use crate::s3::query::Param;
 use http::{HeaderMap, HeaderName};
+use std::borrow::Cow;
+
+/// A decoded query parameter, as `s3::query::Param` spells it (named here
+/// by its parts: `s3` depends on `fence`, not the other way round).
+type Param<'a> = (Cow<'a, str>, Cow<'a, str>);
 
 /// Why a request's token could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
