@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 pub use super::sigv4::{Head, canonical_request};
 use super::sigv4::{
-    KeyCache, SigningKey, hex_lower, parse_amz_date, same_signature, signing_key, string_to_sign,
+    KeyCache, SigningKey, parse_amz_date, same_signature, signing_key, string_to_sign,
 };
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
@@ -92,7 +92,7 @@ pub struct Signing {
 impl Signing {
     /// HMAC-SHA256 of `string_to_sign` with the signing key, as lowercase hex.
     pub fn sign(&self, string_to_sign: &str) -> String {
-        super::sigv4::hex_lower(&self.key.mac(string_to_sign.as_bytes()))
+        self.key.sign(string_to_sign)
     }
 }
 
@@ -221,7 +221,7 @@ pub fn verify(
     let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
     let key = known.signing_key(claim.scope, claim.date, claim.region, claim.service);
     let to_sign = string_to_sign(claim.amz_date, claim.scope, &canonical);
-    if !same_signature(&hex_lower(&key.mac(to_sign.as_bytes())), claim.signature) {
+    if !same_signature(&key.sign(&to_sign), claim.signature) {
         return Err(S3Error::SignatureDoesNotMatch);
     }
     // Only signed chunks need the material again (most requests have

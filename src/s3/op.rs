@@ -7,8 +7,7 @@
 use super::error::S3Error;
 use super::headers::X_AMZ_COPY_SOURCE;
 use super::names::CopySource;
-use super::query::Param;
-use super::query::{has_query_param, query_param};
+use super::query::{Param, has_query_param, query_param};
 use http::{HeaderMap, Method};
 
 /// What a request does, as far as fencing and permissions are concerned.

@@ -1,7 +1,7 @@
 //! Percent-decoding (of query parts, paths and keys), the query string
 //! decoded once into pairs, and the one way to look a parameter up in it.
-//! A pair borrows from the request's URI unless decoding changed it: a
-//! presigned URL's parameters cost no allocation of their own.
+//! A pair borrows from the request's URI unless decoding changed it: of a
+//! presigned URL's parameters only the escaped credential allocates.
 
 use std::borrow::Cow;
 

@@ -92,6 +92,11 @@ impl SigningKey {
         mac.update(data);
         mac.finalize().into_bytes().into()
     }
+
+    /// The signature of `string_to_sign`: its HMAC as lowercase hex.
+    pub fn sign(&self, string_to_sign: &str) -> String {
+        hex_lower(&self.mac(string_to_sign.as_bytes()))
+    }
 }
 
 /// The signing key last derived for one secret, by the scope it was derived
