@@ -1,4 +1,4 @@
-# Sourced by scripts/run and scripts/test: install Debian packages when a
+# Sourced by the scripts: install Debian packages when a
 # command or file they provide is missing. Usage: need_debs CMD_OR_PATH:PACKAGE ...
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -17,5 +17,18 @@ need_debs() {
         echo "installing Debian packages: ${missing[*]}"
         as_root apt-get update -qq
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    fi
+}
+
+# target/bench-venv: python with botocore (it signs the requests wrk sends,
+# so that neither the generator nor the signer is the project's own) and
+# matplotlib (scripts/bench's plot). Used by the benchmark scripts and
+# scripts/build-pgo; sets VENV.
+need_bench_venv() {
+    VENV=target/bench-venv
+    if [ ! -f "$VENV/.ok-wrk" ]; then
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check "matplotlib==3.10.7" "botocore==1.43.11"
+        touch "$VENV/.ok-wrk"
     fi
 }
