@@ -8,7 +8,9 @@ use crate::s3::auth::{Payload, Verified};
 use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
 use crate::s3::error::S3Error;
-use crate::s3::headers::{X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER};
+use crate::s3::headers::{
+    X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER, number_value,
+};
 use crate::s3::query;
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
 use http::request::Parts;
@@ -89,7 +91,7 @@ impl Proxy {
         if let (true, Some(t), Some(stamp)) =
             (op.op.stamps_token(), fenced.token, &self.stamp_header)
         {
-            headers.insert(stamp.clone(), HeaderValue::from(t));
+            headers.insert(stamp.clone(), number_value(t));
         }
         Ok(Outgoing {
             method: head.method.clone(),
@@ -241,7 +243,7 @@ fn rechunk_with_trailers(
         header_value(&enc.join(","))?,
     );
     out.headers
-        .insert(X_AMZ_DECODED_CONTENT_LENGTH, HeaderValue::from(decoded_len));
+        .insert(X_AMZ_DECODED_CONTENT_LENGTH, number_value(decoded_len));
     out.headers
         .insert(X_AMZ_TRAILER, header_value(&trailers.join(","))?);
     out.payload = UpstreamPayload::StreamingUnsignedTrailer;

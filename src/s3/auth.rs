@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub use super::sigv4::{Head, canonical_request};
-use super::sigv4::{
-    KeyCache, SigningKey, parse_amz_date, same_signature, signing_key, string_to_sign,
-};
+use super::sigv4::{KeyCache, SigningKey, is_signature, parse_amz_date, signing_key};
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
 // (`tests/parsers.rs`) name them here.
@@ -220,8 +218,8 @@ pub fn verify(
     let payload = payload_of(content_sha)?;
     let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
     let key = known.signing_key(claim.scope, claim.date, claim.region, claim.service);
-    let to_sign = string_to_sign(claim.amz_date, claim.scope, &canonical);
-    if !same_signature(&key.sign(&to_sign), claim.signature) {
+    let mac = key.mac_request(claim.amz_date, claim.scope, &canonical);
+    if !is_signature(&mac, claim.signature) {
         return Err(S3Error::SignatureDoesNotMatch);
     }
     // Only signed chunks need the material again (most requests have
@@ -409,7 +407,7 @@ fn payload_of(content_sha: Option<&str>) -> Result<Payload, S3Error> {
 mod tests {
     use super::*;
     use crate::s3::sigv4::EMPTY_SHA256;
-    use crate::s3::sigv4::hmac;
+    use crate::s3::sigv4::{hmac, string_to_sign};
 
     /// A table of one credential, allowed every bucket.
     fn one_credential(key: &str, secret: &str) -> Credentials {

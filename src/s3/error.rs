@@ -1,6 +1,7 @@
 //! Every error fencegate itself answers, and the one place that renders it as
 //! an S3 XML error body so that every SDK surfaces the code.
 
+use super::headers::number_value;
 use crate::fence::gate::{Permit, Refusal};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
@@ -218,7 +219,7 @@ impl S3Error {
         }
         match self {
             S3Error::StaleFencingToken { highest, .. } => {
-                h.insert("x-fencing-highest-token", HeaderValue::from(*highest));
+                h.insert("x-fencing-highest-token", number_value(*highest));
             }
             S3Error::SlowDown(_) => {
                 h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));

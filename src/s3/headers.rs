@@ -1,8 +1,9 @@
 //! The names of the S3 request headers that more than one module reads or
 //! writes, so that each is spelt once. They are `HeaderName`s: a lookup by
-//! one hashes it without parsing the name again.
+//! one hashes it without parsing the name again. And the one way a
+//! number becomes a header value.
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 
 /// The request's timestamp (`YYYYMMDDTHHMMSSZ`), signed.
 pub const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
@@ -21,3 +22,33 @@ pub const X_AMZ_COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-so
 /// CopyObject: `COPY` the source's metadata or `REPLACE` it.
 pub const X_AMZ_METADATA_DIRECTIVE: HeaderName =
     HeaderName::from_static("x-amz-metadata-directive");
+
+/// `n` in decimal as a header value, in one allocation of its exact size
+/// (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then the shared
+/// handle a buffer with spare room needs). Lengths and tokens, per request.
+pub fn number_value(n: u64) -> HeaderValue {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_bytes(&digits[at..]).expect("decimal digits are a header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_as_http_writes_them() {
+        for n in [0, 7, 10, 4096, 1 << 40, u64::MAX - 1, u64::MAX] {
+            assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
+}

@@ -9,7 +9,6 @@ use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use super::query::Param;
 use super::sigv4::{
     EMPTY_SHA256, Head, KeyCache, amz_date, canonical_request, push_hex, signing_key,
-    string_to_sign,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -81,7 +80,7 @@ impl HeaderSigner {
         for part in [day, "/", &self.region, "/s3/aws4_request"] {
             authorization.push_str(part);
         }
-        let to_sign = string_to_sign(date, &authorization[scope_at..], &canonical);
+        let mac = key.mac_request(date, &authorization[scope_at..], &canonical);
         authorization.push_str(", SignedHeaders=");
         for (i, name) in names.iter().enumerate() {
             if i > 0 {
@@ -90,8 +89,11 @@ impl HeaderSigner {
             authorization.push_str(name.as_str());
         }
         authorization.push_str(", Signature=");
-        push_hex(&mut authorization, &key.mac(to_sign.as_bytes()));
-        headers.insert(http::header::AUTHORIZATION, header(&authorization)?);
+        push_hex(&mut authorization, &mac);
+        // The buffer becomes the value as it is: no copy.
+        let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(authorization))
+            .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?;
+        headers.insert(http::header::AUTHORIZATION, value);
         Ok(())
     }
 }

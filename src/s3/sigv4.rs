@@ -48,6 +48,16 @@ pub fn hex_lower(bytes: &[u8]) -> String {
 
 /// Appends `bytes` as lowercase hex (two digits per byte, by table).
 pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    for chunk in bytes.chunks(32) {
+        let mut buf = [0u8; 64];
+        hex_into(chunk, &mut buf);
+        let hex = &buf[..chunk.len() * 2];
+        out.push_str(std::str::from_utf8(hex).expect("hex digits are ASCII"));
+    }
+}
+
+/// Writes `bytes` as lowercase hex into the start of `out` (twice as long).
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
     static PAIRS: [[u8; 2]; 256] = {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut t = [[0u8; 2]; 256];
@@ -58,13 +68,8 @@ pub fn push_hex(out: &mut String, bytes: &[u8]) {
         }
         t
     };
-    for chunk in bytes.chunks(32) {
-        let mut buf = [0u8; 64];
-        for (pair, &b) in buf.chunks_exact_mut(2).zip(chunk) {
-            pair.copy_from_slice(&PAIRS[usize::from(b)]);
-        }
-        let hex = &buf[..chunk.len() * 2];
-        out.push_str(std::str::from_utf8(hex).expect("hex digits are ASCII"));
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&PAIRS[usize::from(b)]);
     }
 }
 
@@ -97,6 +102,20 @@ impl SigningKey {
     pub fn sign(&self, string_to_sign: &str) -> String {
         hex_lower(&self.mac(string_to_sign.as_bytes()))
     }
+
+    /// The HMAC of the string [`string_to_sign`] builds, fed to the HMAC
+    /// piece by piece instead: a request's signature (made or checked)
+    /// without the string.
+    pub fn mac_request(&self, amz_date: &str, scope: &str, canonical_request: &str) -> [u8; 32] {
+        let mut hash = [0u8; 64];
+        hex_into(&Sha256::digest(canonical_request.as_bytes()), &mut hash);
+        let mut mac = self.0.clone();
+        for part in [ALGORITHM, amz_date, "\n", scope, "\n"] {
+            mac.update(part.as_bytes());
+        }
+        mac.update(&hash);
+        mac.finalize().into_bytes().into()
+    }
 }
 
 /// The signing key last derived for one secret, by the scope it was derived
@@ -124,11 +143,13 @@ impl KeyCache {
     }
 }
 
+/// The first line of every string to sign.
+const ALGORITHM: &str = "AWS4-HMAC-SHA256\n";
+
 /// The string SigV4 signs: the algorithm, the request's timestamp, its
 /// scope (`date/region/service/aws4_request`) and the hash of the canonical
 /// request.
 pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
-    const ALGORITHM: &str = "AWS4-HMAC-SHA256\n";
     let mut out = String::with_capacity(ALGORITHM.len() + amz_date.len() + scope.len() + 66);
     out.push_str(ALGORITHM);
     out.push_str(amz_date);
@@ -150,11 +171,19 @@ pub fn amz_date(unix: u64) -> String {
 
 /// Constant-time comparison of two hex signatures.
 pub fn same_signature(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    same_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// Whether `mac`, as lowercase hex, is the hex signature `claimed`, in
+/// constant time.
+pub fn is_signature(mac: &[u8; 32], claimed: &str) -> bool {
+    let mut hex = [0u8; 64];
+    hex_into(mac, &mut hex);
+    same_bytes(&hex, claimed.as_bytes())
+}
+
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Parses `YYYYMMDDTHHMMSSZ` into a point in time.
@@ -402,6 +431,27 @@ mod tests {
     fn hex_is_lowercase_hex() {
         let all: Vec<u8> = (0..=255).collect();
         assert_eq!(hex_lower(&all), hex::encode(&all));
+    }
+
+    /// The signature fed piece by piece is the HMAC of the string to sign,
+    /// and only the right hex signature matches it.
+    #[test]
+    fn a_request_mac_is_the_mac_of_its_string_to_sign() {
+        let key = SigningKey::new(&signing_key("secret", "20261124", "us-east-1", "s3"));
+        let (date, scope) = ("20261124T010203Z", "20261124/us-east-1/s3/aws4_request");
+        let canonical = "PUT\n/b/k\n\nhost:h\n\nhost\nUNSIGNED-PAYLOAD";
+        let mac = key.mac_request(date, scope, canonical);
+        let hex = key.sign(&string_to_sign(date, scope, canonical));
+        assert_eq!(
+            mac,
+            key.mac(string_to_sign(date, scope, canonical).as_bytes())
+        );
+        assert!(is_signature(&mac, &hex));
+        let mut wrong = hex.clone().into_bytes();
+        wrong[63] = if wrong[63] == b'0' { b'1' } else { b'0' };
+        assert!(!is_signature(&mac, std::str::from_utf8(&wrong).unwrap()));
+        assert!(!is_signature(&mac, &hex[..62]));
+        assert!(!is_signature(&mac, &hex.to_uppercase()));
     }
 
     #[test]

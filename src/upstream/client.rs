@@ -7,7 +7,7 @@ use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
 use crate::s3::headers::{
     X_AMZ_CONTENT_SHA256, X_AMZ_COPY_SOURCE, X_AMZ_DATE, X_AMZ_DECODED_CONTENT_LENGTH,
-    X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER,
+    X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER, number_value,
 };
 use crate::s3::query::Param;
 use crate::s3::sign::HeaderSigner;
@@ -196,7 +196,7 @@ impl Upstream {
         };
         headers.insert(http::header::HOST, host);
         if let Some(len) = out.content_length {
-            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
+            headers.insert(http::header::CONTENT_LENGTH, number_value(len));
         }
         let body: UpstreamBody = match out.body {
             Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
