@@ -261,18 +261,7 @@ fn millis(buf: &mut Vec<u8>, d: Duration) {
 }
 
 fn number(buf: &mut Vec<u8>, n: u64) {
-    let mut tmp = [0u8; 20];
-    let mut i = tmp.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        tmp[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.extend_from_slice(&tmp[i..]);
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `n` in at least `width` digits, zero-padded.

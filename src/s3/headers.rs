@@ -27,18 +27,8 @@ pub const X_AMZ_METADATA_DIRECTIVE: HeaderName =
 /// (`HeaderValue::from(u64)` makes two: a 20-byte buffer, then the shared
 /// handle a buffer with spare room needs). Lengths and tokens, per request.
 pub fn number_value(n: u64) -> HeaderValue {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    HeaderValue::from_bytes(&digits[at..]).expect("decimal digits are a header value")
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes())
+        .expect("decimal digits are a header value")
 }
 
 #[cfg(test)]
