@@ -12,26 +12,33 @@
 //!
 //! With `FLOOR_SIGV4=1` it also does the one part of fencegate's work no
 //! fencing proxy can skip, with fencegate's own code: it checks the
-//! client's SigV4 signature (`s3::auth::verify`, the demo credential) and
-//! re-signs the request for the backend (`s3::sign::HeaderSigner`, the
-//! sink's credential), and nothing else (path `floor+sigv4`).
+//! client's SigV4 signature (`s3::auth::verify`, the demo credential),
+//! checks a body signed by its SHA-256 against that hash as it streams
+//! (`s3::body::sha256_checked`, its last bytes held back until the check
+//! passes: `fence::commit::commit_gate`, without a permit), and re-signs the request for the backend
+//! (`s3::sign::HeaderSigner`, the sink's credential), and nothing else
+//! (path `floor+sigv4`).
 //!
 //!     cargo run --release --example floor_proxy -- 127.0.0.1:PORT http://BACKEND
 
 use fencegate::config::Credential;
+use fencegate::fence::commit::commit_gate;
 use fencegate::s3::auth::{self, Credentials};
 use fencegate::s3::error::S3Error;
 use fencegate::s3::sign::HeaderSigner;
 use fencegate::s3::sigv4::Head;
 use fencegate::upstream::client::UpstreamBody;
 use fencegate::upstream::pool::Pool;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, StreamBody};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Uri};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The longest wait for the next piece of a request's body.
+const IDLE: Duration = Duration::from_secs(60);
 
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -88,13 +95,25 @@ async fn main() {
                         }
                     }
                     let (mut head, body) = req.into_parts();
+                    let mut hash = None;
                     if let Some(keys) = &sigv4 {
-                        signatures_only(&mut head, &keys.0, &keys.1)
+                        hash = signatures_only(&mut head, &keys.0, &keys.1)
                             .map_err(|e| std::io::Error::other(e.to_string()))?;
                     }
-                    let body: UpstreamBody = body
-                        .map_err(|e| S3Error::Internal(e.to_string()))
-                        .boxed_unsync();
+                    let body: UpstreamBody = match hash {
+                        Some(h) => {
+                            let bytes = fencegate::s3::body::incoming(body, IDLE);
+                            let frames = fencegate::s3::body::sha256_checked(bytes, h);
+                            // The last bytes wait for the check, as in
+                            // fencegate: a body that fails it never lands.
+                            let held =
+                                commit_gate(frames, None, |_| S3Error::ContentSha256Mismatch);
+                            StreamBody::new(held).boxed_unsync()
+                        }
+                        None => body
+                            .map_err(|e| S3Error::Internal(e.to_string()))
+                            .boxed_unsync(),
+                    };
                     let answer = pool.send(Request::from_parts(head, body)).await;
                     answer.map_err(|e| std::io::Error::other(e.to_string()))
                 }
@@ -107,12 +126,13 @@ async fn main() {
 /// Checks the client's signature and re-signs the head for the backend, as
 /// fencegate does, and does nothing else: the path without its query goes
 /// upstream (a PutObject's whole query is the presigned signature and the
-/// token), with the headers it came with.
+/// token), with the headers it came with. Returns the body's signed
+/// SHA-256, for the body to be checked against.
 fn signatures_only(
     head: &mut http::request::Parts,
     client: &Credentials,
     backend: &HeaderSigner,
-) -> Result<(), S3Error> {
+) -> Result<Option<[u8; 32]>, S3Error> {
     let now = std::time::SystemTime::now();
     let query = fencegate::s3::query::decode_query(head.uri.query());
     let verified = auth::verify(
@@ -126,13 +146,13 @@ fn signatures_only(
         "us-east-1",
         now,
     )?;
-    let payload = match verified.payload {
-        auth::Payload::Sha256(hash) => fencegate::s3::sigv4::hex_lower(&hash),
-        _ => "UNSIGNED-PAYLOAD".to_string(),
+    let (payload, hash) = match verified.payload {
+        auth::Payload::Sha256(hash) => (fencegate::s3::sigv4::hex_lower(&hash), Some(hash)),
+        _ => ("UNSIGNED-PAYLOAD".to_string(), None),
     };
     let uri: http::Uri = (head.uri.path().parse()).map_err(|_| S3Error::Internal("path".into()))?;
     let method = head.method.as_str();
     backend.sign(method, uri.path(), &[], &mut head.headers, &payload, now)?;
     head.uri = uri;
-    Ok(())
+    Ok(hash)
 }
