@@ -15,9 +15,9 @@
 //! client's SigV4 signature (`s3::auth::verify`, the demo credential),
 //! checks a body signed by its SHA-256 against that hash as it streams
 //! (`s3::body::sha256_checked`, its last bytes held back until the check
-//! passes: `fence::commit::commit_gate`, without a permit), and re-signs the request for the backend
-//! (`s3::sign::HeaderSigner`, the sink's credential), and nothing else
-//! (path `floor+sigv4`).
+//! passes: `fence::commit::commit_gate`, without a permit), and re-signs
+//! the request for the backend (`s3::sign::HeaderSigner`, the sink's
+//! credential), and nothing else (path `floor+sigv4`).
 //!
 //!     cargo run --release --example floor_proxy -- 127.0.0.1:PORT http://BACKEND
 

@@ -92,7 +92,7 @@ impl HeaderSigner {
         push_hex(&mut authorization, &mac);
         // The buffer becomes the value as it is: no copy.
         let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(authorization))
-            .map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))?;
+            .map_err(signing_error)?;
         headers.insert(http::header::AUTHORIZATION, value);
         Ok(())
     }
@@ -116,7 +116,13 @@ fn this_second(secs: u64) -> HeaderValue {
 }
 
 fn header(s: &str) -> Result<HeaderValue, S3Error> {
-    HeaderValue::from_str(s).map_err(|e| S3Error::Internal(format!("upstream signing: {e}")))
+    HeaderValue::from_str(s).map_err(signing_error)
+}
+
+/// A value fencegate cannot send as a header: the backend's credential or
+/// the payload hash it was given is not header-safe.
+fn signing_error(e: http::header::InvalidHeaderValue) -> S3Error {
+    S3Error::Internal(format!("upstream signing: {e}"))
 }
 
 #[cfg(test)]
