@@ -30,6 +30,22 @@ async fn bad_signatures_get_403_and_reach_nothing() {
     let r = raw.send(wrong_secret).await.unwrap();
     assert_eq!((r.status, r.code()), (403, Some("SignatureDoesNotMatch")));
 
+    // One digit off, in either form: the whole signature is compared.
+    for presigned in [false, true] {
+        let mut one_digit = RawRequest::put("/demo/a", "x").token(1);
+        one_digit.last_signature_digit_changed = true;
+        if presigned {
+            one_digit.presign = Some(Duration::from_secs(300));
+        }
+        let r = raw.send(one_digit).await.unwrap();
+        let what = if presigned { "presigned" } else { "header" };
+        assert_eq!(
+            (r.status, r.code()),
+            (403, Some("SignatureDoesNotMatch")),
+            "{what}"
+        );
+    }
+
     let mut unknown = RawRequest::put("/demo/a", "x").token(1);
     unknown.key = "nobody".into();
     let r = raw.send(unknown).await.unwrap();

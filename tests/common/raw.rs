@@ -144,6 +144,9 @@ pub struct RawRequest {
     pub query_after_signing: String,
     /// Host header to send (and sign) instead of the endpoint's.
     pub host: Option<String>,
+    /// Change the last hex digit of the signature after signing (in the
+    /// Authorization header, or a presigned URL's X-Amz-Signature).
+    pub last_signature_digit_changed: bool,
 }
 
 impl RawRequest {
@@ -163,6 +166,7 @@ impl RawRequest {
             presign: None,
             query_after_signing: String::new(),
             host: None,
+            last_signature_digit_changed: false,
         }
     }
 
@@ -367,6 +371,9 @@ impl RawClient {
                 .parse()
                 .unwrap();
         }
+        if req.last_signature_digit_changed {
+            change_last_signature_digit(&mut http_req);
+        }
         for (k, v) in &req.after_signing {
             http_req.headers_mut().insert(
                 http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
@@ -391,6 +398,26 @@ impl RawClient {
             body: String::from_utf8_lossy(&body).into_owned(),
         })
     }
+}
+
+/// Changes the last hex digit of a signed request's signature: every other
+/// byte of the request, and of the signature, stays as signed.
+fn change_last_signature_digit<B>(req: &mut Request<B>) {
+    let other = |c: char| if c == '0' { '1' } else { '0' };
+    if let Some(v) = req.headers().get(http::header::AUTHORIZATION) {
+        let mut v = v.to_str().unwrap().to_string();
+        let last = v.pop().unwrap();
+        v.push(other(last));
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, v.parse().unwrap());
+        return;
+    }
+    let uri = req.uri().to_string();
+    let at = uri.find("X-Amz-Signature=").expect("a signature") + "X-Amz-Signature=".len() + 63;
+    let mut changed = uri.clone();
+    let last = uri[at..].chars().next().unwrap();
+    changed.replace_range(at..at + 1, &other(last).to_string());
+    *req.uri_mut() = changed.parse().unwrap();
 }
 
 /// The canonical URI SigV4 signs for S3 (and fencegate verifies): the path
