@@ -3,9 +3,11 @@
 //! fencegate forwards to it exactly as it forwards to a real store. The
 //! credential is kept in the data directory (`embedded.key`, mode 0600):
 //! s3s-fs ties an open multipart upload to the key that began it, so a new
-//! key per start would break every upload open across a restart.
+//! key per start would break every upload open across a restart. What
+//! s3s-fs's file layout cannot hold is answered by `layout`.
 
 use super::client::BackendTarget;
+use super::layout::Layout;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use rand::RngExt;
@@ -52,8 +54,7 @@ fn credential(path: &Path) -> Result<(String, String), String> {
 /// returns how to reach it.
 pub async fn start(root: &Path, key_file: &Path, region: &str) -> Result<BackendTarget, String> {
     std::fs::create_dir_all(root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    let fs = s3s_fs::FileSystem::new(root)
-        .map_err(|e| format!("embedded store at {}: {e:?}", root.display()))?;
+    let fs = Layout::new(root)?;
     let (access_key_id, secret_access_key) = credential(key_file)?;
     let service = {
         let mut b = S3ServiceBuilder::new(fs);

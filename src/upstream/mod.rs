@@ -2,4 +2,5 @@
 
 pub mod client;
 pub mod embedded;
+pub mod layout;
 pub mod pool;

@@ -1,0 +1,372 @@
+//! The embedded store's file layout, answered as an S3 store would answer.
+//!
+//! s3s-fs keeps the object `a/b` as the file `a/b` under its bucket's
+//! directory. So `a` cannot be an object while `a/b` is one, a directory is
+//! not an object, and a folder marker `a/` is the directory `a`. Left to
+//! itself, s3s-fs answers every request that runs into this with `500
+//! InternalError`, which SDKs retry four times and a user cannot act on; a
+//! DeleteObjects with one such key fails half done; a failed
+//! CompleteMultipartUpload has already consumed its parts; and a read of
+//! `a/` returns the object `a`.
+//!
+//! [`Layout`] wraps s3s-fs and answers those requests itself:
+//!
+//! - a read (GET, HEAD, a copy's source) of a key whose path is a
+//!   directory, or of a folder marker `a/` (kept as a directory, never
+//!   listed, or the path of the object `a`): `404 NoSuchKey`;
+//! - a delete of a key whose path holds something else (a directory for
+//!   `a`, the object `a` for `a/`): deleted, as S3 answers for a key that
+//!   does not exist, and nothing on disk is touched;
+//! - a write (PUT, copy, CreateMultipartUpload, CompleteMultipartUpload)
+//!   the layout cannot hold, refused before s3s-fs starts it, with the
+//!   errors MinIO, whose file layout has the same limit, answers:
+//!   `400 XMinioParentIsObject` when an object stands where a directory
+//!   would have to be, and `409 XMinioObjectExistsAsDirectory` when other
+//!   keys continue the key with `/`. An empty directory in the way (what
+//!   deleting every key under `a/` leaves behind) is removed instead.
+//!
+//! The checks read the same path s3s-fs computes (bucket directory joined
+//! with the key); the keys that reach the embedded store have been checked
+//! by fencegate (no `.`, `..` or empty segments but a trailing one), so that
+//! path is the key's and no other. Every other operation goes to s3s-fs as
+//! it is.
+
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use std::path::{Path, PathBuf};
+
+/// s3s-fs with its layout's conflicts answered (see the module doc).
+pub struct Layout {
+    fs: s3s_fs::FileSystem,
+    root: PathBuf,
+}
+
+/// What is on disk where a key would be.
+#[derive(Debug, PartialEq, Eq)]
+enum OnDisk {
+    File,
+    Dir,
+    Nothing,
+}
+
+async fn on_disk(path: &Path) -> OnDisk {
+    match tokio::fs::metadata(path).await {
+        Ok(m) if m.is_dir() => OnDisk::Dir,
+        Ok(_) => OnDisk::File,
+        Err(_) => OnDisk::Nothing,
+    }
+}
+
+fn no_such_key() -> S3Error {
+    S3Error::new(S3ErrorCode::NoSuchKey)
+}
+
+fn layout_error(status: http::StatusCode, code: &'static str, msg: String) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), msg);
+    e.set_status_code(status);
+    e
+}
+
+fn copy_source(src: &CopySource) -> Option<(&str, &str)> {
+    match src {
+        CopySource::Bucket { bucket, key, .. } => Some((bucket, key)),
+        _ => None,
+    }
+}
+
+impl Layout {
+    /// s3s-fs on `root`, which must exist.
+    pub fn new(root: &Path) -> Result<Layout, String> {
+        let fs = s3s_fs::FileSystem::new(root)
+            .map_err(|e| format!("embedded store at {}: {e:?}", root.display()))?;
+        // The same directory s3s-fs resolves keys under.
+        let root = std::env::current_dir()
+            .and_then(|cwd| cwd.join(root).canonicalize())
+            .map_err(|e| format!("embedded store at {}: {e}", root.display()))?;
+        Ok(Layout { fs, root })
+    }
+
+    /// Where s3s-fs keeps `key` (a folder marker's `/` left off).
+    fn path(&self, bucket: &str, key: &str) -> PathBuf {
+        self.root.join(bucket).join(key.trim_end_matches('/'))
+    }
+
+    /// Whether a read of `key` must be answered no such key: its path is
+    /// a directory (not an object), or `key` is a folder marker `a/`, which
+    /// s3s-fs keeps as the directory `a` (never listed, so never an object
+    /// to read) and whose path, when `a` is a file, is that other object's.
+    async fn unreadable(&self, bucket: &str, key: &str) -> bool {
+        match on_disk(&self.path(bucket, key)).await {
+            OnDisk::Dir => true,
+            OnDisk::File => key.ends_with('/'),
+            OnDisk::Nothing => false,
+        }
+    }
+
+    /// Whether a delete of `key` has nothing to delete although its path
+    /// holds something: a directory for a plain key, a file (another
+    /// object) for a folder marker. (A marker's own empty directory is
+    /// s3s-fs's to remove.)
+    async fn nothing_to_delete(&self, bucket: &str, key: &str) -> bool {
+        let other = if key.ends_with('/') {
+            OnDisk::File
+        } else {
+            OnDisk::Dir
+        };
+        on_disk(&self.path(bucket, key)).await == other
+    }
+
+    /// Why `key` cannot be written here, if it cannot. An empty directory
+    /// where its file goes (what deleting every key under `key/` leaves) is
+    /// removed to make room.
+    async fn make_room(&self, bucket: &str, key: &str) -> Option<S3Error> {
+        // The directories the key's file (or, for a marker, the key
+        // itself) needs: each must not be an object.
+        let dirs = match key.strip_suffix('/') {
+            Some(marker) => marker,
+            None => key.rsplit_once('/').map_or("", |(dirs, _)| dirs),
+        };
+        let ends = dirs.match_indices('/').map(|(i, _)| i);
+        for end in ends.chain((!dirs.is_empty()).then_some(dirs.len())) {
+            let above = &dirs[..end];
+            if on_disk(&self.path(bucket, above)).await == OnDisk::File {
+                return Some(layout_error(
+                    http::StatusCode::BAD_REQUEST,
+                    "XMinioParentIsObject",
+                    format!(
+                        "{key:?} cannot be stored: {above:?} is an object, and the embedded \
+                         store keeps keys as file paths, so an object is never also a prefix \
+                         of other keys (an S3 backend has no such limit)"
+                    ),
+                ));
+            }
+        }
+        let path = self.path(bucket, key);
+        if key.ends_with('/') || on_disk(&path).await != OnDisk::Dir {
+            return None;
+        }
+        // Only an empty directory can be removed; one with keys under it
+        // stays, and the write is refused.
+        match tokio::fs::remove_dir(&path).await {
+            Ok(()) => None,
+            Err(_) => Some(layout_error(
+                http::StatusCode::CONFLICT,
+                "XMinioObjectExistsAsDirectory",
+                format!(
+                    "{key:?} cannot be stored: other keys begin with \"{key}/\", and the \
+                     embedded store keeps keys as file paths (an S3 backend has no such limit)"
+                ),
+            )),
+        }
+    }
+
+    /// A write's answer: refused before s3s-fs starts it when the layout
+    /// cannot hold it; an internal error (a conflict that came meanwhile)
+    /// explained the same way.
+    async fn write<T, F>(&self, bucket: &str, key: &str, run: F) -> S3Result<T>
+    where
+        F: Future<Output = S3Result<T>>,
+    {
+        if let Some(e) = self.make_room(bucket, key).await {
+            return Err(e);
+        }
+        match run.await {
+            Err(e) if *e.code() == S3ErrorCode::InternalError => {
+                Err(self.make_room(bucket, key).await.unwrap_or(e))
+            }
+            done => done,
+        }
+    }
+
+    /// A read's answer: no such key when no object can be there.
+    async fn read<T, F>(&self, bucket: &str, key: &str, run: F) -> S3Result<T>
+    where
+        F: Future<Output = S3Result<T>>,
+    {
+        if self.unreadable(bucket, key).await {
+            return Err(no_such_key());
+        }
+        run.await
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for Layout {
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
+        self.read(&b, &k, self.fs.get_object(req)).await
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
+        self.read(&b, &k, self.fs.head_object(req)).await
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
+        self.write(&b, &k, self.fs.put_object(req)).await
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        if let Some((b, k)) = copy_source(&req.input.copy_source)
+            && self.unreadable(b, k).await
+        {
+            return Err(no_such_key());
+        }
+        let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
+        self.write(&b, &k, self.fs.copy_object(req)).await
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let source =
+            copy_source(&req.input.copy_source).map(|(b, k)| (b.to_string(), k.to_string()));
+        match source {
+            Some((b, k)) => self.read(&b, &k, self.fs.upload_part_copy(req)).await,
+            None => self.fs.upload_part_copy(req).await,
+        }
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
+        self.write(&b, &k, self.fs.create_multipart_upload(req))
+            .await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
+        self.write(&b, &k, self.fs.complete_multipart_upload(req))
+            .await
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        if self
+            .nothing_to_delete(&req.input.bucket, &req.input.key)
+            .await
+        {
+            return Ok(S3Response::new(DeleteObjectOutput::default()));
+        }
+        self.fs.delete_object(req).await
+    }
+
+    async fn delete_objects(
+        &self,
+        mut req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        // Keys with nothing to delete are answered here: s3s-fs would fail
+        // the whole request on the first, after deleting the keys before it.
+        let mut absent = Vec::new();
+        let mut present = Vec::new();
+        for object in std::mem::take(&mut req.input.delete.objects) {
+            if self.nothing_to_delete(&req.input.bucket, &object.key).await {
+                absent.push(DeletedObject {
+                    key: Some(object.key),
+                    version_id: object.version_id,
+                    ..Default::default()
+                });
+            } else {
+                present.push(object);
+            }
+        }
+        req.input.delete.objects = present;
+        let mut resp = self.fs.delete_objects(req).await?;
+        resp.output
+            .deleted
+            .get_or_insert_with(Vec::new)
+            .extend(absent);
+        Ok(resp)
+    }
+
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.fs.create_bucket(req).await
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.fs.delete_bucket(req).await
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.fs.get_bucket_location(req).await
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.fs.head_bucket(req).await
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.fs.list_buckets(req).await
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        self.fs.list_objects(req).await
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.fs.list_objects_v2(req).await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.fs.upload_part(req).await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.fs.list_parts(req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.fs.abort_multipart_upload(req).await
+    }
+}

@@ -1,0 +1,209 @@
+//! The embedded store keeps keys as file paths (s3s-fs), so `k` and `k/x`
+//! cannot both be objects, and a directory is not an object. What a client
+//! sees where the layout runs out: a clear 4xx that SDKs do not retry, never
+//! `500 InternalError`, never another object's bytes, and nothing lost
+//! (src/upstream/layout.rs). The bucket is unfenced here: what is tested is
+//! the store's answer, not the fence.
+
+mod common;
+
+use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
+use common::fencegate::{Backend, Fencegate};
+
+const UNFENCED: &str = "[[rules]]\nbucket = \"demo\"\nprefix = \"\"\nmode = \"unfenced\"\n";
+
+async fn put(c: &aws_sdk_s3::Client, key: &str, body: &'static [u8]) -> Result<(), (u16, String)> {
+    c.put_object()
+        .bucket("demo")
+        .key(key)
+        .body(ByteStream::from_static(body))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| refusal(&e))
+}
+
+/// The status and the error code of a refused request.
+fn refusal<E: ProvideErrorMetadata>(
+    e: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+) -> (u16, String) {
+    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
+    (status, e.code().unwrap_or_default().to_string())
+}
+
+async fn get(c: &aws_sdk_s3::Client, key: &str) -> Result<Vec<u8>, (u16, String)> {
+    match c.get_object().bucket("demo").key(key).send().await {
+        Ok(o) => Ok(o.body.collect().await.unwrap().into_bytes().to_vec()),
+        Err(e) => Err(refusal(&e)),
+    }
+}
+
+async fn head(c: &aws_sdk_s3::Client, key: &str) -> u16 {
+    match c.head_object().bucket("demo").key(key).send().await {
+        Ok(_) => 200,
+        Err(e) => refusal(&e).0,
+    }
+}
+
+#[tokio::test]
+async fn keys_the_file_layout_cannot_hold_get_clear_answers_and_lose_nothing() {
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    put(&c, "k", b"object k").await.unwrap();
+    put(&c, "d/x", b"object d/x").await.unwrap();
+
+    // Writes the layout cannot hold: refused, with what to do about it.
+    let parent = (400, "XMinioParentIsObject".to_string());
+    let as_dir = (409, "XMinioObjectExistsAsDirectory".to_string());
+    assert_eq!(put(&c, "k/x", b"under k").await, Err(parent.clone()));
+    assert_eq!(put(&c, "k/", b"").await, Err(parent.clone()));
+    assert_eq!(put(&c, "d", b"over d/").await, Err(as_dir.clone()));
+    let copy = |dst: &'static str, src: &'static str| {
+        c.copy_object()
+            .bucket("demo")
+            .key(dst)
+            .copy_source(format!("demo/{src}"))
+            .send()
+    };
+    assert_eq!(
+        copy("k/y", "d/x")
+            .await
+            .map(|_| ())
+            .map_err(|e| refusal(&e)),
+        Err(parent.clone())
+    );
+    assert_eq!(
+        copy("d", "k").await.map(|_| ()).map_err(|e| refusal(&e)),
+        Err(as_dir.clone())
+    );
+    let create = c
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("k/z")
+        .send()
+        .await;
+    assert_eq!(create.map(|_| ()).map_err(|e| refusal(&e)), Err(parent));
+
+    // Reads of a key that is a directory, or of `k/` (the path of `k`):
+    // no such key, never a 500 and never k's bytes.
+    let no_such_key = (404, "NoSuchKey".to_string());
+    assert_eq!(get(&c, "d").await, Err(no_such_key.clone()));
+    assert_eq!(get(&c, "k/").await, Err(no_such_key.clone()));
+    assert_eq!(get(&c, "d/").await, Err(no_such_key.clone()));
+    assert_eq!((head(&c, "d").await, head(&c, "k/").await), (404, 404));
+    assert_eq!(
+        copy("copied", "d")
+            .await
+            .map(|_| ())
+            .map_err(|e| refusal(&e)),
+        Err(no_such_key)
+    );
+
+    // Deletes of such keys: nothing to delete, and nothing else touched.
+    c.delete_object()
+        .bucket("demo")
+        .key("d")
+        .send()
+        .await
+        .unwrap();
+    c.delete_object()
+        .bucket("demo")
+        .key("k/")
+        .send()
+        .await
+        .unwrap();
+    put(&c, "gone", b"to delete").await.unwrap();
+    let keys = ["d", "k/", "gone", "never"];
+    let objects = keys.map(|k| ObjectIdentifier::builder().key(k).build().unwrap());
+    let deleted = c
+        .delete_objects()
+        .bucket("demo")
+        .delete(
+            Delete::builder()
+                .set_objects(Some(objects.to_vec()))
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut said: Vec<&str> = deleted.deleted().iter().filter_map(|d| d.key()).collect();
+    said.sort_unstable();
+    assert_eq!(said, ["d", "gone", "k/", "never"]);
+    assert!(deleted.errors().is_empty(), "{:?}", deleted.errors());
+    assert_eq!(get(&c, "gone").await, Err((404, "NoSuchKey".to_string())));
+    assert_eq!(get(&c, "k").await.unwrap(), b"object k");
+    assert_eq!(get(&c, "d/x").await.unwrap(), b"object d/x");
+}
+
+/// A conflict that appears while a multipart upload is open is refused at
+/// Complete before the parts are consumed: the upload can be completed
+/// once the conflict is gone.
+#[tokio::test]
+async fn a_complete_refused_by_the_layout_keeps_its_parts() {
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    let up = c
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("p")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    let part = c
+        .upload_part()
+        .bucket("demo")
+        .key("p")
+        .upload_id(id)
+        .part_number(1)
+        .body(ByteStream::from_static(b"the only part"))
+        .send()
+        .await
+        .unwrap();
+    let parts = CompletedMultipartUpload::builder()
+        .parts(
+            CompletedPart::builder()
+                .part_number(1)
+                .set_e_tag(part.e_tag().map(str::to_string))
+                .build(),
+        )
+        .build();
+    let complete = || {
+        c.complete_multipart_upload()
+            .bucket("demo")
+            .key("p")
+            .upload_id(id)
+            .multipart_upload(parts.clone())
+            .send()
+    };
+
+    put(&c, "p/q", b"makes p a directory").await.unwrap();
+    let refused = complete().await.map(|_| ()).map_err(|e| refusal(&e));
+    assert_eq!(
+        refused,
+        Err((409, "XMinioObjectExistsAsDirectory".to_string()))
+    );
+    let listed = c
+        .list_parts()
+        .bucket("demo")
+        .key("p")
+        .upload_id(id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.parts().len(), 1, "the part is still there");
+
+    c.delete_object()
+        .bucket("demo")
+        .key("p/q")
+        .send()
+        .await
+        .unwrap();
+    complete().await.unwrap();
+    assert_eq!(get(&c, "p").await.unwrap(), b"the only part");
+}
