@@ -207,3 +207,33 @@ async fn a_complete_refused_by_the_layout_keeps_its_parts() {
     complete().await.unwrap();
     assert_eq!(get(&c, "p").await.unwrap(), b"the only part");
 }
+
+/// s3s-fs names two metadata files after each key, in base64, so in bucket
+/// `demo` it can hold keys of up to 164 bytes (131 for a multipart upload,
+/// whose names carry the upload's id). A longer key is refused before
+/// anything is written; left alone, s3s-fs wrote the object's bytes and
+/// then answered 500.
+#[tokio::test]
+async fn a_key_too_long_for_the_stores_file_names_is_refused_before_it_lands() {
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    let too_long = (400, "KeyTooLongError".to_string());
+
+    let longest = "k".repeat(164);
+    put(&c, &longest, b"fits").await.unwrap();
+    assert_eq!(get(&c, &longest).await.unwrap(), b"fits");
+    let over = "k".repeat(165);
+    assert_eq!(put(&c, &over, b"does not fit").await, Err(too_long.clone()));
+    assert_eq!(get(&c, &over).await, Err((404, "NoSuchKey".to_string())));
+    let segment = format!("{}/x", "s".repeat(256));
+    assert_eq!(put(&c, &segment, b"x").await, Err(too_long.clone()));
+
+    let create = |key: String| c.create_multipart_upload().bucket("demo").key(key).send();
+    create("u".repeat(131)).await.unwrap();
+    let refused = create("u".repeat(132))
+        .await
+        .map(|_| ())
+        .map_err(|e| refusal(&e));
+    assert_eq!(refused, Err(too_long));
+}

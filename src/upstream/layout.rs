@@ -17,6 +17,11 @@
 //! - a delete of a key whose path holds something else (a directory for
 //!   `a`, the object `a` for `a/`): deleted, as S3 answers for a key that
 //!   does not exist, and nothing on disk is touched;
+//! - a write of a key too long for s3s-fs's file names (it names two
+//!   metadata files after the key in base64, so about 160 bytes is the
+//!   most it takes, where S3 takes 1024): `400 KeyTooLongError` before
+//!   s3s-fs starts it (left alone, s3s-fs writes the object's bytes, then
+//!   fails on the metadata and answers 500);
 //! - a write (PUT, copy, CreateMultipartUpload, CompleteMultipartUpload)
 //!   the layout cannot hold, refused before s3s-fs starts it, with the
 //!   errors MinIO, whose file layout has the same limit, answers:
@@ -72,6 +77,50 @@ fn copy_source(src: &CopySource) -> Option<(&str, &str)> {
         CopySource::Bucket { bucket, key, .. } => Some((bucket, key)),
         _ => None,
     }
+}
+
+/// The longest file name Linux file systems take (ext4, XFS, btrfs).
+const NAME_MAX: usize = 255;
+
+/// Which of s3s-fs's metadata files a write names after its key:
+/// `.bucket-{bucket}.object-{key}[.upload-{id}].metadata.json`, the names
+/// in unpadded URL-safe base64, the upload's id a 36-character UUID.
+#[derive(Clone, Copy)]
+enum Names {
+    Object,
+    Upload,
+}
+
+fn base64_len(bytes: usize) -> usize {
+    (4 * bytes).div_ceil(3)
+}
+
+/// Why `key` is too long for s3s-fs's file names, if it is: a segment
+/// over `NAME_MAX`, or a metadata file name that would be.
+fn too_long(bucket: &str, key: &str, names: Names) -> Option<S3Error> {
+    let upload = match names {
+        Names::Object => 0,
+        Names::Upload => ".upload-".len() + 36,
+    };
+    let fixed = ".bucket-".len()
+        + base64_len(bucket.len())
+        + ".object-".len()
+        + upload
+        + ".metadata.json".len();
+    let longest = NAME_MAX.saturating_sub(fixed) * 3 / 4;
+    let segment = key.split('/').map(str::len).max().unwrap_or(0);
+    if key.len() <= longest && segment <= NAME_MAX {
+        return None;
+    }
+    Some(S3Error::with_message(
+        S3ErrorCode::KeyTooLongError,
+        format!(
+            "the key is {} bytes: the embedded store names files after keys and takes \
+             keys up to {longest} bytes in bucket {bucket:?}, with no segment over \
+             {NAME_MAX} bytes (an S3 backend takes 1024)",
+            key.len()
+        ),
+    ))
 }
 
 impl Layout {
@@ -161,12 +210,16 @@ impl Layout {
     }
 
     /// A write's answer: refused before s3s-fs starts it when the layout
-    /// cannot hold it; an internal error (a conflict that came meanwhile)
+    /// cannot hold it (a key too long for its file names, an object or
+    /// directory in the way); an internal error (a conflict that came meanwhile)
     /// explained the same way.
-    async fn write<T, F>(&self, bucket: &str, key: &str, run: F) -> S3Result<T>
+    async fn write<T, F>(&self, bucket: &str, key: &str, names: Names, run: F) -> S3Result<T>
     where
         F: Future<Output = S3Result<T>>,
     {
+        if let Some(e) = too_long(bucket, key, names) {
+            return Err(e);
+        }
         if let Some(e) = self.make_room(bucket, key).await {
             return Err(e);
         }
@@ -213,7 +266,8 @@ impl S3 for Layout {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.write(&b, &k, self.fs.put_object(req)).await
+        self.write(&b, &k, Names::Object, self.fs.put_object(req))
+            .await
     }
 
     async fn copy_object(
@@ -226,7 +280,8 @@ impl S3 for Layout {
             return Err(no_such_key());
         }
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.write(&b, &k, self.fs.copy_object(req)).await
+        self.write(&b, &k, Names::Object, self.fs.copy_object(req))
+            .await
     }
 
     async fn upload_part_copy(
@@ -246,7 +301,7 @@ impl S3 for Layout {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.write(&b, &k, self.fs.create_multipart_upload(req))
+        self.write(&b, &k, Names::Upload, self.fs.create_multipart_upload(req))
             .await
     }
 
@@ -255,8 +310,13 @@ impl S3 for Layout {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.write(&b, &k, self.fs.complete_multipart_upload(req))
-            .await
+        self.write(
+            &b,
+            &k,
+            Names::Object,
+            self.fs.complete_multipart_upload(req),
+        )
+        .await
     }
 
     async fn delete_object(
