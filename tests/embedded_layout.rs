@@ -237,3 +237,47 @@ async fn a_key_too_long_for_the_stores_file_names_is_refused_before_it_lands() {
         .map_err(|e| refusal(&e));
     assert_eq!(refused, Err(too_long));
 }
+
+/// s3s-fs removed a bucket with every object in it, and made a missing
+/// bucket on the first write into it. S3 deletes only an empty bucket and
+/// answers no such bucket.
+#[tokio::test]
+async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    put(&c, "a/b/c", b"kept").await.unwrap();
+
+    let refused = c.delete_bucket().bucket("demo").send().await.map(|_| ());
+    let not_empty = (409, "BucketNotEmpty".to_string());
+    assert_eq!(refused.map_err(|e| refusal(&e)), Err(not_empty));
+    assert_eq!(get(&c, "a/b/c").await.unwrap(), b"kept");
+
+    // Deleted keys leave empty directories; they are not objects.
+    c.delete_object()
+        .bucket("demo")
+        .key("a/b/c")
+        .send()
+        .await
+        .unwrap();
+    c.delete_bucket().bucket("demo").send().await.unwrap();
+    let gone = c.head_bucket().bucket("demo").send().await.map(|_| ());
+    assert_eq!(gone.map_err(|e| refusal(&e).0), Err(404));
+
+    // A write into a bucket that does not exist does not make it.
+    let no_bucket = (404, "NoSuchBucket".to_string());
+    assert_eq!(put(&c, "k", b"x").await, Err(no_bucket.clone()));
+    let create = c
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("k")
+        .send()
+        .await;
+    assert_eq!(
+        create.map(|_| ()).map_err(|e| refusal(&e)),
+        Err(no_bucket.clone())
+    );
+    assert_eq!(get(&c, "k").await, Err(no_bucket));
+    let buckets = c.list_buckets().send().await.unwrap();
+    assert!(buckets.buckets().is_empty(), "{:?}", buckets.buckets());
+}

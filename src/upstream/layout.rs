@@ -30,6 +30,11 @@
 //!   keys continue the key with `/`. An empty directory in the way (what
 //!   deleting every key under `a/` leaves behind) is removed instead.
 //!
+//! Two more answers follow S3 where s3s-fs does not: a write into a bucket
+//! that does not exist is `404 NoSuchBucket` (s3s-fs made the bucket), and
+//! DeleteBucket deletes only an empty bucket, else `409 BucketNotEmpty`
+//! (s3s-fs removed the bucket with every object in it).
+//!
 //! The checks read the same path s3s-fs computes (bucket directory joined
 //! with the key); the keys that reach the embedded store have been checked
 //! by fencegate (no `.`, `..` or empty segments but a trailing one), so that
@@ -64,6 +69,37 @@ async fn on_disk(path: &Path) -> OnDisk {
 
 fn no_such_key() -> S3Error {
     S3Error::new(S3ErrorCode::NoSuchKey)
+}
+
+fn no_such_bucket() -> S3Error {
+    S3Error::new(S3ErrorCode::NoSuchBucket)
+}
+
+/// Removes the directory tree at `dir` if it holds no file, deepest first;
+/// false, and nothing removed but empty directories, if it holds one. It
+/// never deletes a file, so a write that lands meanwhile is kept (its
+/// directory is then not empty).
+async fn remove_empty_tree(dir: &Path) -> std::io::Result<bool> {
+    let mut found = vec![dir.to_path_buf()];
+    let mut next = 0;
+    while let Some(d) = found.get(next).cloned() {
+        next += 1;
+        let mut entries = tokio::fs::read_dir(&d).await?;
+        while let Some(e) = entries.next_entry().await? {
+            if !e.file_type().await?.is_dir() {
+                return Ok(false);
+            }
+            found.push(e.path());
+        }
+    }
+    for d in found.iter().rev() {
+        match tokio::fs::remove_dir(d).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 fn layout_error(status: http::StatusCode, code: &'static str, msg: String) -> S3Error {
@@ -133,6 +169,12 @@ impl Layout {
             .and_then(|cwd| cwd.join(root).canonicalize())
             .map_err(|e| format!("embedded store at {}: {e}", root.display()))?;
         Ok(Layout { fs, root })
+    }
+
+    /// Whether `bucket` exists: s3s-fs would make a missing bucket's
+    /// directory on the first write into it.
+    async fn bucket_exists(&self, bucket: &str) -> bool {
+        on_disk(&self.root.join(bucket)).await == OnDisk::Dir
     }
 
     /// Where s3s-fs keeps `key` (a folder marker's `/` left off).
@@ -217,6 +259,9 @@ impl Layout {
     where
         F: Future<Output = S3Result<T>>,
     {
+        if !self.bucket_exists(bucket).await {
+            return Err(no_such_bucket());
+        }
         if let Some(e) = too_long(bucket, key, names) {
             return Err(e);
         }
@@ -236,6 +281,9 @@ impl Layout {
     where
         F: Future<Output = S3Result<T>>,
     {
+        if !self.bucket_exists(bucket).await {
+            return Err(no_such_bucket());
+        }
         if self.unreadable(bucket, key).await {
             return Err(no_such_key());
         }
@@ -371,7 +419,19 @@ impl S3 for Layout {
         &self,
         req: S3Request<DeleteBucketInput>,
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
-        self.fs.delete_bucket(req).await
+        // s3s-fs would remove the bucket's directory with every object in
+        // it; S3 deletes only an empty bucket.
+        if !self.bucket_exists(&req.input.bucket).await {
+            return self.fs.delete_bucket(req).await;
+        }
+        match remove_empty_tree(&self.root.join(&req.input.bucket)).await {
+            Ok(true) => Ok(S3Response::new(DeleteBucketOutput {})),
+            Ok(false) => Err(S3Error::with_message(
+                S3ErrorCode::BucketNotEmpty,
+                "the bucket you tried to delete is not empty",
+            )),
+            Err(e) => Err(S3Error::internal_error(e)),
+        }
     }
 
     async fn get_bucket_location(
