@@ -30,6 +30,9 @@
 //!   keys continue the key with `/`. An empty directory in the way (what
 //!   deleting every key under `a/` leaves behind) is removed instead.
 //!
+//! GET and HEAD honour `If-Match`, `If-None-Match`, `If-Modified-Since`
+//! and `If-Unmodified-Since` (`read_conditions`), which s3s-fs ignores.
+//!
 //! Two more answers follow S3 where s3s-fs does not: a write into a bucket
 //! that does not exist is `404 NoSuchBucket` (s3s-fs made the bucket), and
 //! DeleteBucket deletes only an empty bucket, else `409 BucketNotEmpty`
@@ -41,6 +44,7 @@
 //! path is the key's and no other. Every other operation goes to s3s-fs as
 //! it is.
 
+use super::read_conditions::ReadConditions;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use std::path::{Path, PathBuf};
@@ -298,7 +302,17 @@ impl S3 for Layout {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.read(&b, &k, self.fs.get_object(req)).await
+        let conditions = ReadConditions {
+            if_match: req.input.if_match.clone(),
+            if_none_match: req.input.if_none_match.clone(),
+            if_modified_since: req.input.if_modified_since.clone(),
+            if_unmodified_since: req.input.if_unmodified_since.clone(),
+        };
+        // Checked against the object the answer carries (its file open).
+        let resp = self.read(&b, &k, self.fs.get_object(req)).await?;
+        let out = &resp.output;
+        conditions.check(out.e_tag.as_ref(), out.last_modified.as_ref())?;
+        Ok(resp)
     }
 
     async fn head_object(
@@ -306,7 +320,16 @@ impl S3 for Layout {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.read(&b, &k, self.fs.head_object(req)).await
+        let conditions = ReadConditions {
+            if_match: req.input.if_match.clone(),
+            if_none_match: req.input.if_none_match.clone(),
+            if_modified_since: req.input.if_modified_since.clone(),
+            if_unmodified_since: req.input.if_unmodified_since.clone(),
+        };
+        let resp = self.read(&b, &k, self.fs.head_object(req)).await?;
+        let out = &resp.output;
+        conditions.check(out.e_tag.as_ref(), out.last_modified.as_ref())?;
+        Ok(resp)
     }
 
     async fn put_object(

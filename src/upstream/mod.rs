@@ -4,3 +4,4 @@ pub mod client;
 pub mod embedded;
 pub mod layout;
 pub mod pool;
+pub mod read_conditions;

@@ -281,3 +281,70 @@ async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
     let buckets = c.list_buckets().send().await.unwrap();
     assert!(buckets.buckets().is_empty(), "{:?}", buckets.buckets());
 }
+
+/// GET and HEAD honour their conditions, which s3s-fs ignored: a
+/// transfer manager's ranged GETs with `If-Match` fail with 412 once the
+/// object has been replaced, instead of joining two versions.
+#[tokio::test]
+async fn reads_honour_their_conditions() {
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    put(&c, "big", b"version one, first half and second half")
+        .await
+        .unwrap();
+    let first = c
+        .head_object()
+        .bucket("demo")
+        .key("big")
+        .send()
+        .await
+        .unwrap();
+    let etag = first.e_tag().unwrap().to_string();
+
+    let ranged = |etag: String| {
+        c.get_object()
+            .bucket("demo")
+            .key("big")
+            .range("bytes=0-11")
+            .if_match(etag)
+            .send()
+    };
+    let part = ranged(etag.clone()).await.unwrap();
+    assert_eq!(
+        part.body.collect().await.unwrap().into_bytes().as_ref(),
+        b"version one,"
+    );
+    put(&c, "big", b"version two, replaced midway")
+        .await
+        .unwrap();
+    let refused = ranged(etag.clone())
+        .await
+        .map(|_| ())
+        .map_err(|e| refusal(&e));
+    assert_eq!(refused, Err((412, "PreconditionFailed".to_string())));
+
+    let again = c
+        .get_object()
+        .bucket("demo")
+        .key("big")
+        .if_none_match(&etag)
+        .send()
+        .await;
+    assert!(again.is_ok(), "a changed object is sent: {again:?}");
+    let now = c
+        .head_object()
+        .bucket("demo")
+        .key("big")
+        .send()
+        .await
+        .unwrap();
+    let unchanged = c
+        .get_object()
+        .bucket("demo")
+        .key("big")
+        .if_none_match(now.e_tag().unwrap())
+        .send()
+        .await;
+    assert_eq!(unchanged.map(|_| ()).map_err(|e| refusal(&e).0), Err(304));
+}
