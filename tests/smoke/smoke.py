@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 import boto3
+import boto3.s3.transfer
 import botocore
 from botocore.exceptions import ClientError
 
@@ -239,6 +240,26 @@ def main():
         check("boto3: delete with token", code_of(lambda: s3.delete_object(Bucket="demo", Key="b3copy")) is None)
         check("boto3: stale delete refused", code_of(lambda: boto(ep, 39).delete_object(Bucket="demo", Key="b3")) == "StaleFencingToken")
         check("boto3: malformed token refused", code_of(lambda: boto(ep, "1e3").put_object(Bucket="demo", Key="b3", Body=b"x")) == "InvalidFencingToken")
+        # download_file fetches in ranged GETs with If-Match on the ETag it
+        # started with; a new version landing midway must fail it, never
+        # leave a file joined from two versions.
+        s3.put_object(Bucket="demo", Key="b3torn", Body=b"1" * (8 << 20))
+        overtaken = []
+
+        def overtake(_):
+            if not overtaken:
+                overtaken.append(s3.put_object(Bucket="demo", Key="b3torn", Body=b"2" * (8 << 20)))
+        torn_out = os.path.join(WORK, "b3torn.out")
+        cfg = boto3.s3.transfer.TransferConfig(multipart_threshold=1 << 20, multipart_chunksize=1 << 20,
+                                               max_concurrency=1)
+        try:
+            s3.download_file("demo", "b3torn", torn_out, Config=cfg, Callback=overtake)
+            got = open(torn_out, "rb").read()
+            outcome = f"finished: {got.count(b'1')} bytes of the first version, {got.count(b'2')} of the second"
+        except Exception as e:  # s3transfer's S3DownloadFailedError
+            outcome = f"failed: {e}"
+        check("boto3: a download overtaken by a new version fails (If-Match), never torn",
+              outcome.startswith("failed") and "ETag" in outcome, outcome)
         bad = boto3.client("s3", endpoint_url=ep, aws_access_key_id=KEY, aws_secret_access_key="wrong",
                            region_name="us-east-1", config=botocore.config.Config(retries={"max_attempts": 1}))
         check("boto3: wrong secret refused", code_of(lambda: bad.list_objects_v2(Bucket="demo")) == "SignatureDoesNotMatch")
