@@ -295,6 +295,18 @@ impl Layout {
     }
 }
 
+/// A GET's or HEAD's conditions: their inputs name them alike.
+macro_rules! conditions_of {
+    ($input:expr) => {
+        ReadConditions {
+            if_match: $input.if_match.clone(),
+            if_none_match: $input.if_none_match.clone(),
+            if_modified_since: $input.if_modified_since.clone(),
+            if_unmodified_since: $input.if_unmodified_since.clone(),
+        }
+    };
+}
+
 #[async_trait::async_trait]
 impl S3 for Layout {
     async fn get_object(
@@ -302,12 +314,7 @@ impl S3 for Layout {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        let conditions = ReadConditions {
-            if_match: req.input.if_match.clone(),
-            if_none_match: req.input.if_none_match.clone(),
-            if_modified_since: req.input.if_modified_since.clone(),
-            if_unmodified_since: req.input.if_unmodified_since.clone(),
-        };
+        let conditions = conditions_of!(req.input);
         // Checked against the object the answer carries (its file open).
         let resp = self.read(&b, &k, self.fs.get_object(req)).await?;
         let out = &resp.output;
@@ -320,12 +327,7 @@ impl S3 for Layout {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        let conditions = ReadConditions {
-            if_match: req.input.if_match.clone(),
-            if_none_match: req.input.if_none_match.clone(),
-            if_modified_since: req.input.if_modified_since.clone(),
-            if_unmodified_since: req.input.if_unmodified_since.clone(),
-        };
+        let conditions = conditions_of!(req.input);
         let resp = self.read(&b, &k, self.fs.head_object(req)).await?;
         let out = &resp.output;
         conditions.check(out.e_tag.as_ref(), out.last_modified.as_ref())?;
@@ -456,6 +458,9 @@ impl S3 for Layout {
             Err(e) => Err(S3Error::internal_error(e)),
         }
     }
+
+    // The rest s3s-fs answers as S3 does: passed on as they are. (A
+    // method left out here would answer 501 NotImplemented.)
 
     async fn get_bucket_location(
         &self,
