@@ -348,3 +348,57 @@ async fn reads_honour_their_conditions() {
         .await;
     assert_eq!(unchanged.map(|_| ()).map_err(|e| refusal(&e).0), Err(304));
 }
+
+/// s3s-fs moved a PUT's object into place before checking its Content-MD5
+/// and checksums: a corrupt body was answered 400 and replaced the good
+/// version all the same. Now nothing lands.
+#[tokio::test]
+async fn a_put_that_fails_its_digest_replaces_nothing() {
+    use base64::Engine;
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    put(&c, "v", b"the good version").await.unwrap();
+    let other_md5 = {
+        use md5::Digest;
+        base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b"another body"))
+    };
+    let refused = c
+        .put_object()
+        .bucket("demo")
+        .key("v")
+        .content_md5(other_md5)
+        .body(ByteStream::from_static(b"a corrupted body"))
+        .send()
+        .await;
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| refusal(&e)),
+        Err((400, "BadDigest".to_string()))
+    );
+    assert_eq!(get(&c, "v").await.unwrap(), b"the good version");
+
+    let refused = c
+        .put_object()
+        .bucket("demo")
+        .key("v")
+        .checksum_crc32("AAAAAA==")
+        .body(ByteStream::from_static(b"a corrupted body"))
+        .send()
+        .await;
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| refusal(&e)),
+        Err((400, "BadDigest".to_string()))
+    );
+    assert_eq!(get(&c, "v").await.unwrap(), b"the good version");
+
+    // The right digests still go through, the SDK's default trailer too.
+    c.put_object()
+        .bucket("demo")
+        .key("v")
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32)
+        .body(ByteStream::from_static(b"the next version"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get(&c, "v").await.unwrap(), b"the next version");
+}

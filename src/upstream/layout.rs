@@ -30,6 +30,9 @@
 //!   keys continue the key with `/`. An empty directory in the way (what
 //!   deleting every key under `a/` leaves behind) is removed instead.
 //!
+//! A PUT's `Content-MD5` and checksums are checked before the object lands
+//! (`put_checks`); s3s-fs checks them after, with the object replaced.
+//!
 //! GET and HEAD honour `If-Match`, `If-None-Match`, `If-Modified-Since`
 //! and `If-Unmodified-Since` (`read_conditions`), which s3s-fs ignores.
 //!
@@ -44,6 +47,7 @@
 //! path is the key's and no other. Every other operation goes to s3s-fs as
 //! it is.
 
+use super::put_checks;
 use super::read_conditions::ReadConditions;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
@@ -336,11 +340,12 @@ impl S3 for Layout {
 
     async fn put_object(
         &self,
-        req: S3Request<PutObjectInput>,
+        mut req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        self.write(&b, &k, Names::Object, self.fs.put_object(req))
-            .await
+        let verdict = put_checks::checked(&mut req.input, req.trailing_headers.clone())?;
+        let put = self.write(&b, &k, Names::Object, self.fs.put_object(req));
+        put.await.map_err(|e| verdict.explain(e))
     }
 
     async fn copy_object(

@@ -4,4 +4,5 @@ pub mod client;
 pub mod embedded;
 pub mod layout;
 pub mod pool;
+pub mod put_checks;
 pub mod read_conditions;
