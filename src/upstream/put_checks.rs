@@ -105,7 +105,7 @@ pub fn checked(input: &mut PutObjectInput, trailers: Option<TrailingHeaders>) ->
     if let Some(body) = input.body.take() {
         input.body = Some(StreamingBlob::new(Checking {
             body,
-            md5: Md5::new(),
+            md5: expected.md5_hex.is_some().then(Md5::new),
             hasher: Some(hasher),
             expected,
             verdict: verdict.clone(),
@@ -116,7 +116,9 @@ pub fn checked(input: &mut PutObjectInput, trailers: Option<TrailingHeaders>) ->
 
 struct Checking {
     body: StreamingBlob,
-    md5: Md5,
+    /// Only with a `Content-MD5` to check (s3s-fs hashes for the ETag
+    /// on its own).
+    md5: Option<Md5>,
     /// Taken at the end.
     hasher: Option<ChecksumHasher>,
     expected: Expected,
@@ -126,11 +128,11 @@ struct Checking {
 impl Checking {
     /// At the body's end: why it fails its checks, if it does.
     fn failure(&mut self) -> Option<String> {
-        let md5 = hex::encode(std::mem::replace(&mut self.md5, Md5::new()).finalize());
-        if let Some(want) = &self.expected.md5_hex
-            && *want != md5
-        {
-            return Some(format!("Content-MD5 is {want}, the body's MD5 {md5}"));
+        if let (Some(want), Some(md5)) = (&self.expected.md5_hex, self.md5.take()) {
+            let md5 = hex::encode(md5.finalize());
+            if *want != md5 {
+                return Some(format!("Content-MD5 is {want}, the body's MD5 {md5}"));
+            }
         }
         let got = self.hasher.take()?.finalize();
         let mut want = self.expected.sums.clone();
@@ -191,7 +193,9 @@ impl Stream for Checking {
         }
         match Pin::new(&mut this.body).poll_next(cx) {
             Poll::Ready(Some(Ok(bytes))) => {
-                this.md5.update(&bytes);
+                if let Some(md5) = &mut this.md5 {
+                    md5.update(&bytes);
+                }
                 if let Some(h) = &mut this.hasher {
                     h.update(&bytes);
                 }
