@@ -14,6 +14,14 @@ use common::fencegate::{Backend, Fencegate};
 
 const UNFENCED: &str = "[[rules]]\nbucket = \"demo\"\nprefix = \"\"\nmode = \"unfenced\"\n";
 
+/// fencegate on a fresh embedded store, and a client with bucket `demo`.
+async fn store() -> (Fencegate, aws_sdk_s3::Client) {
+    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    (fg, c)
+}
+
 async fn put(c: &aws_sdk_s3::Client, key: &str, body: &'static [u8]) -> Result<(), (u16, String)> {
     c.put_object()
         .bucket("demo")
@@ -49,9 +57,7 @@ async fn head(c: &aws_sdk_s3::Client, key: &str) -> u16 {
 
 #[tokio::test]
 async fn keys_the_file_layout_cannot_hold_get_clear_answers_and_lose_nothing() {
-    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
-    let c = common::sdk(&fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+    let (_fg, c) = store().await;
     put(&c, "k", b"object k").await.unwrap();
     put(&c, "d/x", b"object d/x").await.unwrap();
 
@@ -144,9 +150,7 @@ async fn keys_the_file_layout_cannot_hold_get_clear_answers_and_lose_nothing() {
 /// once the conflict is gone.
 #[tokio::test]
 async fn a_complete_refused_by_the_layout_keeps_its_parts() {
-    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
-    let c = common::sdk(&fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+    let (_fg, c) = store().await;
     let up = c
         .create_multipart_upload()
         .bucket("demo")
@@ -215,9 +219,7 @@ async fn a_complete_refused_by_the_layout_keeps_its_parts() {
 /// then answered 500.
 #[tokio::test]
 async fn a_key_too_long_for_the_stores_file_names_is_refused_before_it_lands() {
-    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
-    let c = common::sdk(&fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+    let (_fg, c) = store().await;
     let too_long = (400, "KeyTooLongError".to_string());
 
     let longest = "k".repeat(164);
@@ -243,9 +245,7 @@ async fn a_key_too_long_for_the_stores_file_names_is_refused_before_it_lands() {
 /// answers no such bucket.
 #[tokio::test]
 async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
-    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
-    let c = common::sdk(&fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+    let (_fg, c) = store().await;
     put(&c, "a/b/c", b"kept").await.unwrap();
 
     let refused = c.delete_bucket().bucket("demo").send().await.map(|_| ());
@@ -287,9 +287,7 @@ async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
 /// object has been replaced, instead of joining two versions.
 #[tokio::test]
 async fn reads_honour_their_conditions() {
-    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
-    let c = common::sdk(&fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+    let (_fg, c) = store().await;
     put(&c, "big", b"version one, first half and second half")
         .await
         .unwrap();
@@ -355,9 +353,7 @@ async fn reads_honour_their_conditions() {
 #[tokio::test]
 async fn a_put_that_fails_its_digest_replaces_nothing() {
     use base64::Engine;
-    let fg = Fencegate::start(Backend::Embedded, UNFENCED);
-    let c = common::sdk(&fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+    let (_fg, c) = store().await;
     put(&c, "v", b"the good version").await.unwrap();
     let other_md5 = {
         use md5::Digest;
