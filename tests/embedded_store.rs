@@ -398,3 +398,69 @@ async fn a_put_that_fails_its_digest_replaces_nothing() {
         .unwrap();
     assert_eq!(get(&c, "v").await.unwrap(), b"the next version");
 }
+
+/// s3s-fs did not check an UploadPart's digests at all: a corrupt part was
+/// answered 200 and completed into the object. Now it is refused and the
+/// upload goes on with the part sent again.
+#[tokio::test]
+async fn a_part_that_fails_its_digest_is_refused() {
+    use base64::Engine;
+    let (_fg, c) = store().await;
+    let up = c
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("mp")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    let md5_of = |body: &[u8]| {
+        use md5::Digest;
+        base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(body))
+    };
+    let part = |body: &'static [u8], md5: String| {
+        c.upload_part()
+            .bucket("demo")
+            .key("mp")
+            .upload_id(id)
+            .part_number(1)
+            .content_md5(md5)
+            .body(ByteStream::from_static(body))
+            .send()
+    };
+    let refused = part(b"a corrupted part", md5_of(b"the part sent")).await;
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| refusal(&e)),
+        Err((400, "BadDigest".to_string()))
+    );
+    let listed = c
+        .list_parts()
+        .bucket("demo")
+        .key("mp")
+        .upload_id(id)
+        .send()
+        .await
+        .unwrap();
+    assert!(listed.parts().is_empty(), "{:?}", listed.parts());
+
+    let sent = part(b"the part sent", md5_of(b"the part sent"))
+        .await
+        .unwrap();
+    let parts = CompletedMultipartUpload::builder()
+        .parts(
+            CompletedPart::builder()
+                .part_number(1)
+                .set_e_tag(sent.e_tag().map(str::to_string))
+                .build(),
+        )
+        .build();
+    c.complete_multipart_upload()
+        .bucket("demo")
+        .key("mp")
+        .upload_id(id)
+        .multipart_upload(parts)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get(&c, "mp").await.unwrap(), b"the part sent");
+}

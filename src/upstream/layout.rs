@@ -30,8 +30,9 @@
 //!   keys continue the key with `/`. An empty directory in the way (what
 //!   deleting every key under `a/` leaves behind) is removed instead.
 //!
-//! A PUT's `Content-MD5` and checksums are checked before the object lands
-//! (`put_checks`); s3s-fs checks them after, with the object replaced.
+//! A PUT's and an UploadPart's `Content-MD5` and checksums are checked
+//! before the object or part lands (`put_checks`); s3s-fs checks a PUT's
+//! after, with the object replaced, and a part's not at all.
 //!
 //! GET and HEAD honour `If-Match`, `If-None-Match`, `If-Modified-Since`
 //! and `If-Unmodified-Since` (`read_conditions`), which s3s-fs ignores.
@@ -311,6 +312,28 @@ macro_rules! conditions_of {
     };
 }
 
+/// The digests a PutObject's or UploadPart's head claims: their inputs
+/// name them alike.
+macro_rules! claimed_digests {
+    ($input:expr) => {
+        put_checks::Claimed {
+            content_md5: $input.content_md5.clone(),
+            algorithm: $input
+                .checksum_algorithm
+                .as_ref()
+                .map(|a| a.as_str().to_string()),
+            sums: Checksum {
+                checksum_crc32: $input.checksum_crc32.clone(),
+                checksum_crc32c: $input.checksum_crc32c.clone(),
+                checksum_sha1: $input.checksum_sha1.clone(),
+                checksum_sha256: $input.checksum_sha256.clone(),
+                checksum_crc64nvme: $input.checksum_crc64nvme.clone(),
+                ..Default::default()
+            },
+        }
+    };
+}
+
 #[async_trait::async_trait]
 impl S3 for Layout {
     async fn get_object(
@@ -343,7 +366,9 @@ impl S3 for Layout {
         mut req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let (b, k) = (req.input.bucket.clone(), req.input.key.clone());
-        let verdict = put_checks::checked(&mut req.input, req.trailing_headers.clone())?;
+        let claimed = claimed_digests!(req.input);
+        let verdict =
+            put_checks::checked(claimed, &mut req.input.body, req.trailing_headers.clone())?;
         let put = self.write(&b, &k, Names::Object, self.fs.put_object(req));
         put.await.map_err(|e| verdict.explain(e))
     }
@@ -504,9 +529,15 @@ impl S3 for Layout {
 
     async fn upload_part(
         &self,
-        req: S3Request<UploadPartInput>,
+        mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        self.fs.upload_part(req).await
+        let claimed = claimed_digests!(req.input);
+        let verdict =
+            put_checks::checked(claimed, &mut req.input.body, req.trailing_headers.clone())?;
+        self.fs
+            .upload_part(req)
+            .await
+            .map_err(|e| verdict.explain(e))
     }
 
     async fn list_parts(

@@ -1,9 +1,10 @@
-//! A PutObject's integrity checks on the embedded store (`Content-MD5`,
-//! `x-amz-checksum-*` in the head or in an aws-chunked trailer), made
-//! before the object lands. s3s-fs moves the new object into place first
-//! and checks after, so a body that failed its check was answered `400
-//! BadDigest` and had replaced the object all the same: the good version
-//! gone, a corrupt one in its place, the client told its write failed.
+//! A PutObject's and an UploadPart's integrity checks on the embedded
+//! store (`Content-MD5`, `x-amz-checksum-*` in the head or in an
+//! aws-chunked trailer), made before the object or part lands. s3s-fs
+//! moves a new object into place first and checks after, so a body that
+//! failed its check was answered `400 BadDigest` and had replaced the
+//! object all the same: the good version gone, a corrupt one in its place,
+//! the client told its write failed. A part it did not check at all.
 //!
 //! [`checked`] puts the body through a stream that hashes it and, at its
 //! end, yields an error instead of the end when a digest differs: s3s-fs
@@ -14,7 +15,7 @@
 
 use s3s::checksum::ChecksumHasher;
 use s3s::crypto::{Checksum as _, Md5};
-use s3s::dto::{Checksum, ChecksumAlgorithm, PutObjectInput, StreamingBlob};
+use s3s::dto::{Checksum, ChecksumAlgorithm, StreamingBlob};
 use s3s::stream::{ByteStream, RemainingLength};
 use s3s::{S3Error, S3ErrorCode, S3Result, TrailingHeaders};
 use std::pin::Pin;
@@ -46,11 +47,26 @@ struct Expected {
     trailers: Option<TrailingHeaders>,
 }
 
-/// Replaces `input`'s body with one checked before its end; the verdict
-/// says why it failed, if it does. A `Content-MD5` that is not a base64
-/// MD5 is refused at once (`InvalidDigest`).
-pub fn checked(input: &mut PutObjectInput, trailers: Option<TrailingHeaders>) -> S3Result<Verdict> {
-    let md5_hex = match &input.content_md5 {
+/// The digests a request claims for its body, from its head: a
+/// PutObject's or an UploadPart's (their inputs name them alike).
+pub struct Claimed {
+    pub content_md5: Option<String>,
+    /// `x-amz-checksum-algorithm` / `x-amz-sdk-checksum-algorithm`: the
+    /// value may come in the trailer.
+    pub algorithm: Option<String>,
+    pub sums: Checksum,
+}
+
+/// Replaces `body` with one checked before its end against what the head
+/// claims (and the trailer, for an algorithm named without a value); the
+/// verdict says why it failed, if it does. A `Content-MD5` that is not a
+/// base64 MD5 is refused at once (`InvalidDigest`).
+pub fn checked(
+    claimed: Claimed,
+    body: &mut Option<StreamingBlob>,
+    trailers: Option<TrailingHeaders>,
+) -> S3Result<Verdict> {
+    let md5_hex = match &claimed.content_md5 {
         Some(b64) => {
             let raw = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64);
             match raw {
@@ -65,46 +81,36 @@ pub fn checked(input: &mut PutObjectInput, trailers: Option<TrailingHeaders>) ->
         }
         None => None,
     };
+    let sums = &claimed.sums;
+    let want = |given: bool, name: &str| given || claimed.algorithm.as_deref() == Some(name);
     let mut hasher = ChecksumHasher::default();
-    let named = input
-        .checksum_algorithm
-        .as_ref()
-        .map(|a| a.as_str().to_string());
-    let want = |given: bool, name: &str| given || named.as_deref() == Some(name);
-    if want(input.checksum_crc32.is_some(), ChecksumAlgorithm::CRC32) {
+    if want(sums.checksum_crc32.is_some(), ChecksumAlgorithm::CRC32) {
         hasher.crc32 = Some(Default::default());
     }
-    if want(input.checksum_crc32c.is_some(), ChecksumAlgorithm::CRC32C) {
+    if want(sums.checksum_crc32c.is_some(), ChecksumAlgorithm::CRC32C) {
         hasher.crc32c = Some(Default::default());
     }
-    if want(input.checksum_sha1.is_some(), ChecksumAlgorithm::SHA1) {
+    if want(sums.checksum_sha1.is_some(), ChecksumAlgorithm::SHA1) {
         hasher.sha1 = Some(Default::default());
     }
-    if want(input.checksum_sha256.is_some(), ChecksumAlgorithm::SHA256) {
+    if want(sums.checksum_sha256.is_some(), ChecksumAlgorithm::SHA256) {
         hasher.sha256 = Some(Default::default());
     }
     if want(
-        input.checksum_crc64nvme.is_some(),
+        sums.checksum_crc64nvme.is_some(),
         ChecksumAlgorithm::CRC64NVME,
     ) {
         hasher.crc64nvme = Some(Default::default());
     }
     let expected = Expected {
         md5_hex,
-        sums: Checksum {
-            checksum_crc32: input.checksum_crc32.clone(),
-            checksum_crc32c: input.checksum_crc32c.clone(),
-            checksum_sha1: input.checksum_sha1.clone(),
-            checksum_sha256: input.checksum_sha256.clone(),
-            checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-            ..Default::default()
-        },
+        sums: claimed.sums,
         trailers,
     };
     let verdict = Verdict::default();
-    if let Some(body) = input.body.take() {
-        input.body = Some(StreamingBlob::new(Checking {
-            body,
+    if let Some(inner) = body.take() {
+        *body = Some(StreamingBlob::new(Checking {
+            body: inner,
             md5: expected.md5_hex.is_some().then(Md5::new),
             hasher: Some(hasher),
             expected,
