@@ -46,12 +46,10 @@ impl ReadConditions {
             (None, None) => false,
         };
         if failed {
-            let mut e = S3Error::with_message(
+            return Err(S3Error::with_message(
                 S3ErrorCode::PreconditionFailed,
                 "at least one of the preconditions you specified did not hold",
-            );
-            e.set_status_code(http::StatusCode::PRECONDITION_FAILED);
-            return Err(e);
+            ));
         }
         let not_modified = match (&self.if_none_match, &self.if_modified_since) {
             (Some(c), _) => etag_is(c, true),
@@ -60,7 +58,6 @@ impl ReadConditions {
         };
         if not_modified {
             let mut e = S3Error::new(S3ErrorCode::NotModified);
-            e.set_status_code(http::StatusCode::NOT_MODIFIED);
             if let Some(v) =
                 etag.and_then(|e| http::HeaderValue::from_str(&format!("\"{}\"", e.value())).ok())
             {
