@@ -23,14 +23,21 @@ async fn store() -> (Fencegate, aws_sdk_s3::Client) {
 }
 
 async fn put(c: &aws_sdk_s3::Client, key: &str, body: &'static [u8]) -> Result<(), (u16, String)> {
-    c.put_object()
+    let r = c
+        .put_object()
         .bucket("demo")
         .key(key)
         .body(ByteStream::from_static(body))
         .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| refusal(&e))
+        .await;
+    outcome(r)
+}
+
+/// Ok, or the status and the error code of a refused request.
+fn outcome<T, E: ProvideErrorMetadata>(
+    r: Result<T, aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>>,
+) -> Result<(), (u16, String)> {
+    r.map(|_| ()).map_err(|e| refusal(&e))
 }
 
 /// The status and the error code of a refused request.
@@ -74,24 +81,15 @@ async fn keys_the_file_layout_cannot_hold_get_clear_answers_and_lose_nothing() {
             .copy_source(format!("demo/{src}"))
             .send()
     };
-    assert_eq!(
-        copy("k/y", "d/x")
-            .await
-            .map(|_| ())
-            .map_err(|e| refusal(&e)),
-        Err(parent.clone())
-    );
-    assert_eq!(
-        copy("d", "k").await.map(|_| ()).map_err(|e| refusal(&e)),
-        Err(as_dir.clone())
-    );
+    assert_eq!(outcome(copy("k/y", "d/x").await), Err(parent.clone()));
+    assert_eq!(outcome(copy("d", "k").await), Err(as_dir.clone()));
     let create = c
         .create_multipart_upload()
         .bucket("demo")
         .key("k/z")
         .send()
         .await;
-    assert_eq!(create.map(|_| ()).map_err(|e| refusal(&e)), Err(parent));
+    assert_eq!(outcome(create), Err(parent));
 
     // Reads of a key that is a directory, or of `k/` (the path of `k`):
     // no such key, never a 500 and never k's bytes.
@@ -100,13 +98,7 @@ async fn keys_the_file_layout_cannot_hold_get_clear_answers_and_lose_nothing() {
     assert_eq!(get(&c, "k/").await, Err(no_such_key.clone()));
     assert_eq!(get(&c, "d/").await, Err(no_such_key.clone()));
     assert_eq!((head(&c, "d").await, head(&c, "k/").await), (404, 404));
-    assert_eq!(
-        copy("copied", "d")
-            .await
-            .map(|_| ())
-            .map_err(|e| refusal(&e)),
-        Err(no_such_key)
-    );
+    assert_eq!(outcome(copy("copied", "d").await), Err(no_such_key));
 
     // Deletes of such keys: nothing to delete, and nothing else touched.
     c.delete_object()
@@ -187,7 +179,7 @@ async fn a_complete_refused_by_the_layout_keeps_its_parts() {
     };
 
     put(&c, "p/q", b"makes p a directory").await.unwrap();
-    let refused = complete().await.map(|_| ()).map_err(|e| refusal(&e));
+    let refused = outcome(complete().await);
     assert_eq!(
         refused,
         Err((409, "XMinioObjectExistsAsDirectory".to_string()))
@@ -233,10 +225,7 @@ async fn a_key_too_long_for_the_stores_file_names_is_refused_before_it_lands() {
 
     let create = |key: String| c.create_multipart_upload().bucket("demo").key(key).send();
     create("u".repeat(131)).await.unwrap();
-    let refused = create("u".repeat(132))
-        .await
-        .map(|_| ())
-        .map_err(|e| refusal(&e));
+    let refused = outcome(create("u".repeat(132)).await);
     assert_eq!(refused, Err(too_long));
 }
 
@@ -248,9 +237,9 @@ async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
     let (_fg, c) = store().await;
     put(&c, "a/b/c", b"kept").await.unwrap();
 
-    let refused = c.delete_bucket().bucket("demo").send().await.map(|_| ());
+    let refused = outcome(c.delete_bucket().bucket("demo").send().await);
     let not_empty = (409, "BucketNotEmpty".to_string());
-    assert_eq!(refused.map_err(|e| refusal(&e)), Err(not_empty));
+    assert_eq!(refused, Err(not_empty));
     assert_eq!(get(&c, "a/b/c").await.unwrap(), b"kept");
 
     // Deleted keys leave empty directories; they are not objects.
@@ -261,8 +250,8 @@ async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
         .await
         .unwrap();
     c.delete_bucket().bucket("demo").send().await.unwrap();
-    let gone = c.head_bucket().bucket("demo").send().await.map(|_| ());
-    assert_eq!(gone.map_err(|e| refusal(&e).0), Err(404));
+    let gone = outcome(c.head_bucket().bucket("demo").send().await);
+    assert_eq!(gone.map_err(|e| e.0), Err(404));
 
     // A write into a bucket that does not exist does not make it.
     let no_bucket = (404, "NoSuchBucket".to_string());
@@ -273,10 +262,7 @@ async fn delete_bucket_keeps_objects_and_writes_need_the_bucket() {
         .key("k")
         .send()
         .await;
-    assert_eq!(
-        create.map(|_| ()).map_err(|e| refusal(&e)),
-        Err(no_bucket.clone())
-    );
+    assert_eq!(outcome(create), Err(no_bucket.clone()));
     assert_eq!(get(&c, "k").await, Err(no_bucket));
     let buckets = c.list_buckets().send().await.unwrap();
     assert!(buckets.buckets().is_empty(), "{:?}", buckets.buckets());
@@ -316,10 +302,7 @@ async fn reads_honour_their_conditions() {
     put(&c, "big", b"version two, replaced midway")
         .await
         .unwrap();
-    let refused = ranged(etag.clone())
-        .await
-        .map(|_| ())
-        .map_err(|e| refusal(&e));
+    let refused = outcome(ranged(etag.clone()).await);
     assert_eq!(refused, Err((412, "PreconditionFailed".to_string())));
 
     let again = c
@@ -344,7 +327,7 @@ async fn reads_honour_their_conditions() {
         .if_none_match(now.e_tag().unwrap())
         .send()
         .await;
-    assert_eq!(unchanged.map(|_| ()).map_err(|e| refusal(&e).0), Err(304));
+    assert_eq!(outcome(unchanged).map_err(|e| e.0), Err(304));
 }
 
 /// s3s-fs moved a PUT's object into place before checking its Content-MD5
@@ -367,10 +350,7 @@ async fn a_put_that_fails_its_digest_replaces_nothing() {
         .body(ByteStream::from_static(b"a corrupted body"))
         .send()
         .await;
-    assert_eq!(
-        refused.map(|_| ()).map_err(|e| refusal(&e)),
-        Err((400, "BadDigest".to_string()))
-    );
+    assert_eq!(outcome(refused), Err((400, "BadDigest".to_string())));
     assert_eq!(get(&c, "v").await.unwrap(), b"the good version");
 
     let refused = c
@@ -381,10 +361,7 @@ async fn a_put_that_fails_its_digest_replaces_nothing() {
         .body(ByteStream::from_static(b"a corrupted body"))
         .send()
         .await;
-    assert_eq!(
-        refused.map(|_| ()).map_err(|e| refusal(&e)),
-        Err((400, "BadDigest".to_string()))
-    );
+    assert_eq!(outcome(refused), Err((400, "BadDigest".to_string())));
     assert_eq!(get(&c, "v").await.unwrap(), b"the good version");
 
     // The right digests still go through, the SDK's default trailer too.
@@ -429,10 +406,7 @@ async fn a_part_that_fails_its_digest_is_refused() {
             .send()
     };
     let refused = part(b"a corrupted part", md5_of(b"the part sent")).await;
-    assert_eq!(
-        refused.map(|_| ()).map_err(|e| refusal(&e)),
-        Err((400, "BadDigest".to_string()))
-    );
+    assert_eq!(outcome(refused), Err((400, "BadDigest".to_string())));
     let listed = c
         .list_parts()
         .bucket("demo")
