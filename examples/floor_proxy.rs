@@ -107,7 +107,7 @@ async fn main() {
                             // The last bytes wait for the check, as in
                             // fencegate: a body that fails it never lands.
                             let held =
-                                commit_gate(frames, None, |_| S3Error::ContentSha256Mismatch);
+                                commit_gate(frames, None, None, |_| S3Error::ContentSha256Mismatch);
                             StreamBody::new(held).boxed_unsync()
                         }
                         None => body

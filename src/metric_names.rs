@@ -28,6 +28,13 @@ pub const EAGER_UP: &str = "fencegate_eager_fencing_up";
 /// Fences raised because a lock holder lost its lock.
 pub const EAGER_RAISES: &str = "fencegate_eager_raises_total";
 
+/// Whether the backend itself honours a conditional write, by
+/// `condition` (`if-none-match`, `if-match`, `delete-if-match`): 1 it
+/// refused the write whose condition failed, 0 it applied it anyway
+/// (`upstream::probe`). fencegate makes them hold either way, for writes
+/// through it.
+pub const BACKEND_HONOURS: &str = "fencegate_backend_honours_condition";
+
 /// Resources whose fence is cached in memory (idle ones are evicted).
 pub const CACHED_FENCES: &str = "fencegate_cached_fences";
 /// Writes whose outcome upstream is unknown (timeout or lost connection

@@ -15,6 +15,7 @@ use crate::proxy::Proxy;
 use crate::s3::error::S3Error;
 use crate::upstream::client::{BackendTarget, Upstream};
 use crate::upstream::embedded;
+use crate::upstream::probe::Probe;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -165,12 +166,19 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         )),
         _ => None,
     };
-    let proxy = Arc::new(Proxy::new(cfg, gate.clone(), Arc::new(upstream)));
+    let upstream = Arc::new(upstream);
+    let probe = Arc::new(Probe::default());
+    if cfg.backend.probe_conditions {
+        let bucket = cfg.backend.probe_bucket.clone();
+        probe.spawn(upstream.clone(), bucket, Duration::from_secs(60));
+    }
+    let proxy = Arc::new(Proxy::new(cfg, gate.clone(), upstream));
     let admin = Arc::new(Admin {
         gate,
         metrics,
         admin_token: cfg.admin_token(),
         backend_addr,
+        probe,
     });
     Ok(Services {
         proxy,
@@ -200,10 +208,7 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
     })?;
     let mut gate = Gate::new(Arc::new(store), cfg.admission_wait());
     gate.set_max_slots(cfg.fence.max_cached_resources);
-    if std::env::var("FENCEGATE_UNSAFE_UNORDERED").as_deref() == Ok("1") {
-        tracing::warn!("FENCEGATE_UNSAFE_UNORDERED=1: the ordering barrier is OFF (debug only)");
-        gate.set_ordered(false);
-    }
+    unsafe_switches(&mut gate);
     Ok(Arc::new(gate))
 }
 
@@ -219,13 +224,22 @@ async fn shared_gate(
         .map_err(StartError)?;
     let mut gate = Gate::shared(cluster, cfg.admission_wait());
     gate.set_max_slots(cfg.fence.max_cached_resources);
+    unsafe_switches(&mut gate);
+    let gate = Arc::new(gate);
+    gate.follow_cluster();
+    Ok(gate)
+}
+
+/// The debug switches that take a guarantee away, to show its tests fail.
+fn unsafe_switches(gate: &mut Gate) {
     if std::env::var("FENCEGATE_UNSAFE_UNORDERED").as_deref() == Ok("1") {
         tracing::warn!("FENCEGATE_UNSAFE_UNORDERED=1: the ordering barrier is OFF (debug only)");
         gate.set_ordered(false);
     }
-    let gate = Arc::new(gate);
-    gate.follow_cluster();
-    Ok(gate)
+    if std::env::var("FENCEGATE_UNSAFE_NO_HOLD").as_deref() == Ok("1") {
+        tracing::warn!("FENCEGATE_UNSAFE_NO_HOLD=1: conditional writes are not held (debug only)");
+        gate.holds_mut().set_off(true);
+    }
 }
 
 /// The two bound ports.
@@ -349,7 +363,7 @@ impl Listener {
     fn refuse(&self, sock: TcpStream) {
         metrics::counter!(m::CONNECTIONS_REFUSED).increment(1);
         let connection_limit = service_fn(|_req| async {
-            let e = S3Error::SlowDown("this server (connection limit)".into());
+            let e = S3Error::SlowDown("this server is at its connection limit".into());
             let (parts, body) = e.to_response("/", "-").into_parts();
             Ok::<_, Infallible>(http::Response::from_parts(parts, full(body)))
         });

@@ -109,6 +109,7 @@ proptest! {
             objects: keys.into_iter().map(|(key, version_id)| ToDelete {
                 key,
                 version_id: version_id.filter(|v| v.trim() == v),
+                conditions: None,
             }).collect(),
         };
         prop_assert_eq!(Delete::parse(d.to_xml().as_bytes()).unwrap(), d);

@@ -3,7 +3,8 @@
 //!
 //! - `GET /healthz`: the process is up;
 //! - `GET /readyz`: the fence store answers and the backend accepts
-//!   connections;
+//!   connections; it also shows whether the backend honours conditional
+//!   writes itself (`upstream::probe`);
 //! - `GET /fences?prefix=&limit=&after=`: recorded fences, paginated;
 //! - `GET /fences/{resource}`: one fence;
 //! - `POST /fences/{resource}` with `{"token": N}` and
@@ -19,6 +20,7 @@ use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
 use crate::s3::query;
 use crate::s3::sigv4::same_signature;
+use crate::upstream::probe::Probe;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -37,6 +39,8 @@ pub struct Admin {
     pub admin_token: Option<Secret>,
     /// `host:port` of the backend, for readiness.
     pub backend_addr: String,
+    /// Whether the backend honours conditional writes itself.
+    pub probe: Arc<Probe>,
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ProxyBody> {
@@ -100,7 +104,10 @@ impl Admin {
         }
         let connect = tokio::net::TcpStream::connect(&self.backend_addr);
         match tokio::time::timeout(Duration::from_secs(2), connect).await {
-            Ok(Ok(_)) => json(StatusCode::OK, json!({"status": "ready"})),
+            Ok(Ok(_)) => json(
+                StatusCode::OK,
+                json!({"status": "ready", "backend_conditions": self.probe.found()}),
+            ),
             Ok(Err(e)) => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"status": "not ready", "backend": e.to_string()}),

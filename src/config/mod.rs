@@ -208,6 +208,12 @@ pub struct BackendConfig {
     /// Extra CA certificate (PEM) to trust for an `https://` backend, on top
     /// of the system roots.
     pub ca_file: Option<PathBuf>,
+    /// At start-up, find out whether the backend itself honours
+    /// conditional writes (`upstream::probe`): it writes and deletes one
+    /// object, `.fencegate-probe/<random>`.
+    pub probe_conditions: bool,
+    /// The bucket the probe writes in; unset: the first the backend lists.
+    pub probe_bucket: Option<String>,
 }
 
 #[derive(Clone, Deserialize)]
@@ -345,6 +351,8 @@ impl Default for BackendConfig {
             timeout_ms: 300_000,
             ca_file: None,
             addressing: Addressing::Path,
+            probe_conditions: true,
+            probe_bucket: None,
         }
     }
 }

@@ -1,10 +1,13 @@
 //! The commit gate: where a fenced write's permit meets its body. The last
 //! item of the body is held back until the body has ended cleanly and the
 //! permit still stands, so a backend never holds a complete body that the
-//! fence has aborted. It knows nothing of S3: the item and error types are
-//! the caller's, and the caller says what error an abort ends the body with.
+//! fence has aborted. The write's object hold is asked too: in cluster
+//! mode it no longer stands once the replica's lease may have lapsed. It
+//! knows nothing of S3: the item and error types are the caller's, and the
+//! caller says what error a stop ends the body with.
 
 use super::gate::Permit;
+use super::hold::ObjectHold;
 use futures_util::{Stream, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
@@ -14,26 +17,38 @@ use std::task::{Context, Poll, ready};
 /// A body on its way to the backend, item by item.
 pub type Items<T, E> = Pin<Box<dyn Stream<Item = Result<T, E>> + Send>>;
 
+/// Why the gate stopped a body.
+pub enum Stop<'a> {
+    /// A higher token aborted the write (or, in cluster mode, the
+    /// permit's lease may have lapsed: see `Permit::lease_lost`).
+    Aborted(&'a Permit),
+    /// The object hold no longer stands (cluster mode: the lease).
+    HoldLapsed,
+}
+
 /// Holds back the last item of `input` until the stream has ended cleanly
 /// (so every check upstream of the gate has passed) and, for a fenced write,
 /// until the permit confirms the write was not aborted. Until then the
-/// backend cannot have a complete body. An abort while streaming ends the
-/// body with `stale(permit)`, which aborts the upstream request.
+/// backend cannot have a complete body; the object `hold` is asked last.
+/// An abort while streaming ends the body with `stop(..)`, which aborts the
+/// upstream request.
 pub fn commit_gate<T, E, F>(
     input: Items<T, E>,
     permit: Option<Arc<Permit>>,
-    stale: F,
+    hold: Option<Arc<ObjectHold>>,
+    stop: F,
 ) -> Items<T, E>
 where
     T: Send + 'static,
     E: Send + 'static,
-    F: Fn(&Permit) -> E + Send + 'static,
+    F: Fn(Stop<'_>) -> E + Send + 'static,
 {
     Box::pin(Gate {
         input,
         held: None,
         permit,
-        stale,
+        hold,
+        stop,
         abort: None,
         done: false,
     })
@@ -47,13 +62,14 @@ struct Gate<T, E, F> {
     input: Items<T, E>,
     held: Option<T>,
     permit: Option<Arc<Permit>>,
-    stale: F,
+    hold: Option<Arc<ObjectHold>>,
+    stop: F,
     /// Resolves when the permit is aborted: set up at the first wait.
     abort: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     done: bool,
 }
 
-impl<T, E, F: Fn(&Permit) -> E> Gate<T, E, F> {
+impl<T, E, F: Fn(Stop<'_>) -> E> Gate<T, E, F> {
     fn end(&mut self, e: E) -> Poll<Option<Result<T, E>>> {
         self.done = true;
         Poll::Ready(Some(Err(e)))
@@ -61,7 +77,12 @@ impl<T, E, F: Fn(&Permit) -> E> Gate<T, E, F> {
 
     fn stale(&mut self) -> Poll<Option<Result<T, E>>> {
         let p = self.permit.as_ref().expect("only fenced writes abort");
-        let e = (self.stale)(p);
+        let e = (self.stop)(Stop::Aborted(p));
+        self.end(e)
+    }
+
+    fn lapsed(&mut self) -> Poll<Option<Result<T, E>>> {
+        let e = (self.stop)(Stop::HoldLapsed);
         self.end(e)
     }
 
@@ -74,7 +95,7 @@ impl<T, E, F: Fn(&Permit) -> E> Gate<T, E, F> {
 
 impl<T, E, F> Stream for Gate<T, E, F>
 where
-    F: Fn(&Permit) -> E,
+    F: Fn(Stop<'_>) -> E,
 {
     type Item = Result<T, E>;
 
@@ -100,6 +121,11 @@ where
                         && !p.body_complete()
                     {
                         return this.stale();
+                    }
+                    if let Some(h) = &this.hold
+                        && !h.body_complete()
+                    {
+                        return this.lapsed();
                     }
                     return Poll::Ready(this.held.take().map(Ok));
                 }
@@ -132,6 +158,7 @@ mod tests {
         let parts: Vec<Result<&str, &str>> = vec![Ok("a"), Ok("b"), Err("incomplete body")];
         let out: Vec<_> = commit_gate(
             Box::pin(futures_util::stream::iter(parts)),
+            None,
             None,
             |_| "stale",
         )

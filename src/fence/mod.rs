@@ -1,10 +1,11 @@
 //! Fencing: tokens, resources, the check with its ordering barrier, and the
-//! durable store behind it, and the commit gate where a write's permit meets
-//! its body.
+//! durable store behind it, the commit gate where a write's permit meets
+//! its body, and the object hold that makes a conditional write one step.
 
 pub mod cluster;
 pub mod commit;
 pub mod gate;
+pub mod hold;
 pub mod resource;
 pub mod store;
 pub mod token;

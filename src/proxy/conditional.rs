@@ -1,3 +1,13 @@
+//! A write's conditions judged by fencegate (CONTRACT §8), and
+//! `fence.conditional_writes`.
+//!
+//! Every write that replaces or deletes an object holds the object
+//! (`fence::hold`) from here until its exchange is over. One with
+//! conditions holds it alone, reads the object as it is (a HEAD), and is
+//! refused `412`/`404` when its conditions do not hold, so the check and
+//! the write are one step on every backend. Its conditions still go to
+//! the backend too: a store that honours them is a second guard.
+//!
 //! `fence.conditional_writes`: a fenced per-object write (PutObject,
 //! CopyObject, CompleteMultipartUpload) goes to the backend with a
 //! condition on the object as it was once the write was admitted:
@@ -15,11 +25,14 @@
 //! the content, but the stamp of the newer token is overwritten).
 
 use super::Proxy;
+use crate::fence::hold::{Mode, ObjectHold, object_name};
+use crate::s3::conditions::{Conditions, Current, bare_etag, parse_time};
 use crate::s3::error::S3Error;
 use crate::s3::op::Operation;
 use crate::upstream::client::{Outgoing, UpstreamPayload};
-use http::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
+use http::header::{CONTENT_LENGTH, ETAG, IF_MATCH, IF_NONE_MATCH, LAST_MODIFIED};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use std::sync::Arc;
 
 /// Headers of the write that its HEAD needs too: a customer-key encrypted
 /// object is only readable with its key, a requester-pays bucket only with
@@ -33,16 +46,51 @@ const HEAD_NEEDS: &[&str] = &[
 ];
 
 impl Proxy {
-    /// Adds the condition on the object's current state to `out`.
-    pub(super) async fn condition_on_current(
+    /// Phase 6b: a write that replaces or deletes its object holds it
+    /// (alone when it has conditions, shared otherwise), and its
+    /// conditions are judged under the hold, on the object as the backend
+    /// has it now. The hold is kept until the write's exchange is over.
+    pub(super) async fn hold_object(
         &self,
-        out: &mut Outgoing,
         headers: &HeaderMap,
         op: &Operation,
-    ) -> Result<(), S3Error> {
-        if headers.contains_key(IF_MATCH) || headers.contains_key(IF_NONE_MATCH) {
-            return Ok(());
+        conditions: Option<&Conditions>,
+    ) -> Result<Arc<ObjectHold>, S3Error> {
+        let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
+            return Ok(Arc::new(ObjectHold::none()));
+        };
+        if !op.op.changes_object() {
+            return Ok(Arc::new(ObjectHold::none()));
         }
+        let object = object_name(bucket, key);
+        let mode = if conditions.is_some() {
+            Mode::Alone
+        } else {
+            Mode::Shared
+        };
+        let hold = self
+            .gate
+            .holds()
+            .hold(vec![(object.clone(), mode)])
+            .await
+            .map_err(S3Error::from_hold)?;
+        if let Some(c) = conditions {
+            let current = self.current(bucket, key, headers).await?;
+            c.judge(current.as_ref().map(|(c, _)| c))
+                .map_err(|f| f.error(&object))?;
+        }
+        Ok(Arc::new(hold))
+    }
+
+    /// The object as the backend has it now, by a HEAD with fencegate's
+    /// credential (and the write's headers a HEAD needs), with its ETag as
+    /// the backend wrote it; `None` when there is none.
+    pub(super) async fn current(
+        &self,
+        bucket: &str,
+        key: &str,
+        headers: &HeaderMap,
+    ) -> Result<Option<(Current, HeaderValue)>, S3Error> {
         let mut head_headers = HeaderMap::new();
         for name in HEAD_NEEDS {
             if let Some(v) = headers.get(*name) {
@@ -51,8 +99,8 @@ impl Proxy {
         }
         let head = Outgoing {
             method: Method::HEAD,
-            bucket: op.bucket.clone(),
-            key: op.key.clone(),
+            bucket: Some(bucket.to_string()),
+            key: Some(key.to_string()),
             query: Vec::new(),
             headers: head_headers,
             body: None,
@@ -63,27 +111,52 @@ impl Proxy {
         let resp = self.upstream.send(head).await?;
         match resp.status() {
             StatusCode::OK => {
-                let etag = resp.headers().get(ETAG).cloned().ok_or_else(|| {
+                let h = resp.headers();
+                let etag = h.get(ETAG).cloned().ok_or_else(|| {
                     S3Error::BadGateway("the backend's HEAD of the object has no ETag".into())
                 })?;
+                let text = |name| h.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+                let current = Current {
+                    etag: bare_etag(etag.to_str().unwrap_or_default()).to_string(),
+                    last_modified: text(LAST_MODIFIED).and_then(parse_time),
+                    size: text(CONTENT_LENGTH).and_then(|v| v.parse().ok()),
+                };
+                Ok(Some((current, etag)))
+            }
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::FORBIDDEN => Err(S3Error::BadGateway(
+                "the backend refused the HEAD before a conditional write (403): \
+                 fencegate's backend credential needs s3:GetObject, and s3:ListBucket \
+                 (without it a missing key answers 403)"
+                    .into(),
+            )),
+            s => Err(S3Error::BadGateway(format!(
+                "the backend answered {s} to the HEAD before a conditional write"
+            ))),
+        }
+    }
+
+    /// `fence.conditional_writes`: adds the condition on the object's
+    /// current state to `out`.
+    pub(super) async fn condition_on_current(
+        &self,
+        out: &mut Outgoing,
+        headers: &HeaderMap,
+        op: &Operation,
+    ) -> Result<(), S3Error> {
+        if headers.contains_key(IF_MATCH) || headers.contains_key(IF_NONE_MATCH) {
+            return Ok(());
+        }
+        let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
+            return Ok(());
+        };
+        match self.current(bucket, key, headers).await? {
+            Some((_, etag)) => {
                 out.headers.insert(IF_MATCH, etag);
             }
-            StatusCode::NOT_FOUND => {
+            None => {
                 out.headers
                     .insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
-            }
-            StatusCode::FORBIDDEN => {
-                return Err(S3Error::BadGateway(
-                    "the backend refused the HEAD before a conditional write (403): \
-                     fencegate's backend credential needs s3:GetObject, and s3:ListBucket \
-                     (without it a missing key answers 403)"
-                        .into(),
-                ));
-            }
-            s => {
-                return Err(S3Error::BadGateway(format!(
-                    "the backend answered {s} to the HEAD before a conditional write"
-                )));
             }
         }
         Ok(())

@@ -23,6 +23,7 @@
 use super::Proxy;
 use crate::body::{BoxError, IdleTimer, ProxyBody};
 use crate::fence::gate::Permit;
+use crate::fence::hold::ObjectHold;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
 use crate::upstream::client::Outgoing;
@@ -43,6 +44,9 @@ type Sending = Pin<Box<dyn Future<Output = Answer> + Send>>;
 /// What a fenced write's exchange needs to end well on its own.
 struct Hold {
     permits: Vec<Arc<Permit>>,
+    /// The write's hold on its objects (CONTRACT §8), let go with the
+    /// permits.
+    objects: Arc<ObjectHold>,
     quarantine: Duration,
     idle: Duration,
 }
@@ -52,10 +56,11 @@ impl Proxy {
         &self,
         out: Outgoing,
         permits: Vec<Arc<Permit>>,
+        objects: Arc<ObjectHold>,
     ) -> Result<Response<ProxyBody>, S3Error> {
         let upstream = self.upstream.clone();
-        if permits.is_empty() {
-            // Nothing to hold: a read, or an unfenced write. Boxed as the
+        if permits.is_empty() && objects.is_empty() {
+            // Nothing to hold: a read, or an unfenced write to no object. Boxed as the
             // fenced write's is: unboxed, the upstream request's future
             // (~3 KB) would size every request's future.
             let resp = Box::pin(upstream.send(out)).await?;
@@ -63,6 +68,7 @@ impl Proxy {
         }
         let hold = Hold {
             permits,
+            objects,
             quarantine: self.quarantine,
             idle: upstream.timeout(),
         };
@@ -78,16 +84,14 @@ impl Proxy {
             Ok(resp) => resp,
             Err(e) => {
                 let quarantine = hold.quarantine;
-                return Err(
-                    match settle(hold.permits, Some(&e.to_string()), quarantine) {
-                        true => S3Error::BadGateway(format!(
-                            "{e}; the backend had the whole body, so the write may still be \
+                return Err(match settle(hold, Some(&e.to_string())) {
+                    true => S3Error::BadGateway(format!(
+                        "{e}; the backend had the whole body, so the write may still be \
                          applied: newer writes wait up to {} ms",
-                            quarantine.as_millis()
-                        )),
-                        false => e,
-                    },
-                );
+                        quarantine.as_millis()
+                    )),
+                    false => e,
+                });
             }
         };
         let (parts, body) = resp.into_parts();
@@ -126,7 +130,7 @@ impl Drop for PendingHead {
             match sending.await {
                 Ok(resp) => drain(resp.into_body(), hold).await,
                 Err(e) => {
-                    settle(hold.permits, Some(&e.to_string()), hold.quarantine);
+                    settle(hold, Some(&e.to_string()));
                 }
             }
         });
@@ -170,7 +174,7 @@ impl Body for HeldBody {
             }
         };
         let hold = this.hold.take().expect("checked above");
-        settle(hold.permits, lost.as_deref(), hold.quarantine);
+        settle(hold, lost.as_deref());
         Poll::Ready(lost.map(|why| Err(why.into())))
     }
 
@@ -191,7 +195,7 @@ impl Drop for HeldBody {
         match self.inner.take() {
             Some(rest) if !rest.is_end_stream() => spawn(drain(rest, hold)),
             _ => {
-                settle(hold.permits, None, hold.quarantine);
+                settle(hold, None);
             }
         }
     }
@@ -216,15 +220,21 @@ async fn drain(mut body: Incoming, hold: Hold) {
             Err(_) => break Some("the backend's answer stalled".to_string()),
         }
     };
-    settle(hold.permits, lost.as_deref(), hold.quarantine);
+    settle(hold, lost.as_deref());
 }
 
-/// Lets go of a finished exchange's permits: at once, or after the
-/// quarantine when the answer was `lost` after a complete body (then it
-/// returns true: the outcome is unknown).
-fn settle(permits: Vec<Arc<Permit>>, lost: Option<&str>, quarantine: Duration) -> bool {
-    let unknown = lost.is_some() && permits.iter().any(|p| p.body_was_complete());
-    if !unknown {
+/// Lets go of a finished exchange's permits and object holds: at once, or
+/// after the quarantine when the answer was `lost` after a complete body
+/// (then it returns true: the outcome is unknown).
+fn settle(hold: Hold, lost: Option<&str>) -> bool {
+    let Hold {
+        permits,
+        objects,
+        quarantine,
+        ..
+    } = hold;
+    let complete = permits.iter().any(|p| p.body_was_complete()) || objects.body_was_complete();
+    if !(lost.is_some() && complete) {
         return false;
     }
     metrics::counter!(m::QUARANTINES).increment(1);
@@ -236,7 +246,7 @@ fn settle(permits: Vec<Arc<Permit>>, lost: Option<&str>, quarantine: Duration) -
     );
     tokio::spawn(async move {
         tokio::time::sleep(quarantine).await;
-        drop(permits);
+        drop((permits, objects));
     });
     true
 }
@@ -246,6 +256,16 @@ mod tests {
     use super::*;
     use crate::fence::gate::tests::gate;
     use crate::fence::gate::{Kind, Refusal};
+    use crate::fence::hold::{HoldError, Holds, Mode};
+
+    fn held(permits: Vec<Permit>, objects: ObjectHold) -> Hold {
+        Hold {
+            permits: permits.into_iter().map(Arc::new).collect(),
+            objects: Arc::new(objects),
+            quarantine: Duration::from_secs(30),
+            idle: Duration::from_secs(1),
+        }
+    }
 
     /// A write whose answer was lost after its whole body went upstream keeps
     /// its resource closed for the quarantine, and not a moment longer.
@@ -255,9 +275,8 @@ mod tests {
         let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
         assert!(old.body_complete());
         assert!(settle(
-            vec![Arc::new(old)],
-            Some("timed out"),
-            Duration::from_secs(30)
+            held(vec![old], ObjectHold::none()),
+            Some("timed out")
         ));
         assert!(matches!(
             g.admit("r", 34, Kind::Write).await,
@@ -282,19 +301,35 @@ mod tests {
         let g = gate(Duration::from_secs(1));
         let streaming = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
         assert!(!settle(
-            vec![Arc::new(streaming)],
-            Some("reset"),
-            Duration::from_secs(30)
+            held(vec![streaming], ObjectHold::none()),
+            Some("reset")
         ));
         let answered = g.admit("r", 34, Kind::Write).await.unwrap().unwrap();
         assert!(answered.body_complete());
-        assert!(!settle(
-            vec![Arc::new(answered)],
-            None,
-            Duration::from_secs(30)
-        ));
+        assert!(!settle(held(vec![answered], ObjectHold::none()), None));
         let waiting = tokio::time::Instant::now();
         assert!(g.admit("r", 35, Kind::Write).await.unwrap().is_some());
         assert_eq!(waiting.elapsed(), Duration::ZERO);
+    }
+
+    /// An unfenced write has no permit: its object hold alone says that the
+    /// backend had the whole body, and is kept for the quarantine, so that
+    /// a conditional write cannot look at the object before that write
+    /// may have landed.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_answer_keeps_the_object_held_for_the_quarantine() {
+        let holds = Holds::new(Duration::from_secs(1), None);
+        let one = |m| vec![("b/k".to_string(), m)];
+        let streaming = holds.hold(one(Mode::Shared)).await.unwrap();
+        assert!(!settle(held(vec![], streaming), Some("reset")));
+        let sent = holds.hold(one(Mode::Shared)).await.unwrap();
+        assert!(sent.body_complete());
+        assert!(settle(held(vec![], sent), Some("timed out")));
+        assert!(matches!(
+            holds.hold(one(Mode::Alone)).await,
+            Err(HoldError::Busy(_))
+        ));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(holds.hold(one(Mode::Alone)).await.is_ok());
     }
 }

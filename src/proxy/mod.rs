@@ -13,7 +13,9 @@
 //! 5. `token`: the token from its carriers (signed ones only), or the one
 //!    that created the multipart upload the request belongs to;
 //! 6. `fence`: resource from the rules, admission through the gate (check,
-//!    durable raise, ordering barrier);
+//!    durable raise, ordering barrier); then `hold_object`
+//!    (`conditional.rs`): a write that replaces or deletes its object holds
+//!    it, and its conditions are judged under the hold (CONTRACT §8);
 //! 7. `upstream_request` (`outgoing.rs`): the body pipeline and the
 //!    headers the backend gets, token stamped; then the variations of
 //!    CopyObject (`copy.rs`) and DeleteObjects (`multi_delete.rs`);
@@ -35,14 +37,17 @@ mod forward;
 mod multi_delete;
 mod outgoing;
 mod public;
+mod small_body;
 
 use crate::body::{ProxyBody, full};
 use crate::config::{Config, Credential};
 use crate::fence::gate::{Gate, Kind, Permit};
+use crate::fence::hold::ObjectHold;
 use crate::fence::resource::{Fencing, Resolver};
 use crate::fence::token::Carriers;
 use crate::metric_names as m;
 use crate::s3::auth::{self, Credentials, Verified};
+use crate::s3::conditions::Conditions;
 use crate::s3::error::S3Error;
 use crate::s3::names;
 use crate::s3::op::{self, Access, Op, Operation};
@@ -54,6 +59,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use small_body::read_small_body;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -112,6 +118,8 @@ struct Admitted<'a> {
     op: Operation,
     query: Vec<Param<'a>>,
     fenced: Fenced,
+    /// The write's hold on its object (empty for other requests).
+    hold: Arc<ObjectHold>,
 }
 
 /// The outcome of the fence phase.
@@ -137,24 +145,6 @@ fn is_presign_param(k: &str) -> bool {
 /// The key under which an open multipart upload's token is stored.
 fn upload_key(bucket: &str, key: &str, upload_id: &str) -> String {
     format!("{bucket}/{key}\n{upload_id}")
-}
-
-/// Reads a small backend answer (an XML document) whole, up to `limit`.
-async fn read_small_body(mut body: ProxyBody, limit: usize) -> Result<Bytes, S3Error> {
-    let mut buf = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| S3Error::BadGateway(format!("reading the backend's answer: {e}")))?;
-        if let Ok(d) = frame.into_data() {
-            if buf.len() + d.len() > limit {
-                return Err(S3Error::BadGateway(format!(
-                    "the backend's answer is over {limit} bytes"
-                )));
-            }
-            buf.extend_from_slice(&d);
-        }
-    }
-    Ok(buf.freeze())
 }
 
 /// A header name from the configuration, which `config::validate` checked.
@@ -279,17 +269,22 @@ impl Proxy {
         }
         let verified = self.authenticate(ctx, &head, &query)?;
         let op = self.classify(ctx, &head, &query)?;
+        let conditions = Conditions::of_request(&head.headers, op.op)?;
         self.authorize(&verified, &op)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
         let fenced = self.fence(ctx, &op, token).await?;
+        let hold = Box::pin(self.hold_object(&head.headers, &op, conditions.as_ref())).await?;
         let admitted = Admitted {
             verified,
             op,
             query,
             fenced,
+            hold,
         };
         let mut out = self.upstream_request(&head, &admitted, incoming)?;
         let mut permits: Vec<Arc<Permit>> = admitted.fenced.permit.iter().cloned().collect();
+        let mut hold = admitted.hold.clone();
+        let mut refused = Vec::new();
         let per_object = matches!(
             admitted.op.op,
             Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
@@ -301,26 +296,45 @@ impl Proxy {
             Op::CopyObject if admitted.fenced.token.is_some() => {
                 Box::pin(self.keep_source_metadata(&mut out, &head.headers, &admitted.op)).await?
             }
+            Op::CreateBucket => Box::pin(self.create_bucket_body(&mut out)).await?,
             Op::DeleteObjects => {
                 let more = Box::pin(self.fence_multi_delete(&admitted.op, token, &mut out, ctx));
-                permits.extend(more.await?.into_iter().map(Arc::new));
+                let multi = more.await?;
+                permits.extend(multi.permits.into_iter().map(Arc::new));
+                hold = Arc::new(multi.hold);
+                refused = multi.refused;
+                if multi.nothing_left {
+                    return Ok(multi_delete::refused_only(&refused));
+                }
             }
             _ => {}
         }
         // A write without a body had its last check in `upstream_request`;
         // the HEADs above took time, in which a newer token or a lapsed
         // lease may have come: check again right before it goes.
-        if out.body.is_none()
-            && let Some(p) = &admitted.fenced.permit
-            && !p.body_complete()
-        {
-            let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
-            return Err(S3Error::aborted(p, resource));
+        if out.body.is_none() {
+            if let Some(p) = &admitted.fenced.permit
+                && !p.body_complete()
+            {
+                let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
+                return Err(S3Error::aborted(p, resource));
+            }
+            if !hold.body_complete() {
+                return Err(S3Error::lease_lapsed(
+                    ctx.key.as_deref().unwrap_or_default(),
+                ));
+            }
         }
         drop(admitted.fenced.permit);
-        let resp = self.forward(out, permits).await?;
-        self.respond(resp, &admitted.op, &admitted.verified, token)
-            .await
+        drop(admitted.hold);
+        let resp = self.forward(out, permits, hold).await?;
+        let resp = self
+            .respond(resp, &admitted.op, &admitted.verified, token)
+            .await?;
+        match refused.is_empty() {
+            true => Ok(resp),
+            false => multi_delete::with_refused(resp, &refused).await,
+        }
     }
 
     /// Phase 1: the head's size, and the query parsed once.

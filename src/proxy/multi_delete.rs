@@ -3,33 +3,57 @@
 //! whole (capped), verified like any body, parsed, and the backend gets a
 //! body rebuilt from the keys fencegate read (`s3::multi_delete`), never
 //! the client's XML.
+//!
+//! Every key is held as a DeleteObject holds its object (`fence::hold`):
+//! alone when it has conditions, which are then judged on the object as it
+//! is (CONTRACT §8). A key whose conditions do not hold is left out of what
+//! the backend gets, and answered in the result as S3 answers it, an
+//! `<Error>` with its code, beside what the backend answered for the rest.
 
+use super::small_body::{Checksum, read_body, read_small_body, send_body};
 use super::{Proxy, RequestCtx};
+use crate::body::{ProxyBody, full};
 use crate::fence::gate::{Kind, Permit, Refusal};
+use crate::fence::hold::{Mode, ObjectHold, object_name};
 use crate::fence::resource::Fencing;
-use crate::s3::error::S3Error;
+use crate::s3::conditions::{Conditions, Failed};
+use crate::s3::error::{S3Error, xml_escape};
 use crate::s3::multi_delete::{Delete, MAX_BODY};
 use crate::s3::op::Operation;
-use crate::upstream::client::{Outgoing, UpstreamPayload};
-use base64::Engine;
-use bytes::{Bytes, BytesMut};
+use crate::upstream::client::Outgoing;
+use bytes::Bytes;
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
+use http::Response;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use std::collections::BTreeSet;
 
+/// HEADs of conditional keys on their way at once.
+const HEADS_AT_ONCE: usize = 8;
+
+/// What fencing a DeleteObjects established.
+pub(super) struct MultiDelete {
+    /// Held until the backend answered.
+    pub permits: Vec<Permit>,
+    pub hold: ObjectHold,
+    /// Keys left out because their conditions did not hold.
+    pub refused: Vec<(String, Failed)>,
+    /// Every key was refused: nothing goes to the backend.
+    pub nothing_left: bool,
+}
+
 impl Proxy {
-    /// Reads the body of `out`, fences every resource it names, and puts a
-    /// canonical body in its place. Returns the permits, held until the
-    /// backend answered.
+    /// Reads the body of `out`, fences every resource it names, holds
+    /// every key and judges their conditions, and puts a canonical body of
+    /// the keys whose conditions held in its place.
     pub(super) async fn fence_multi_delete(
         &self,
         op: &Operation,
         token: Option<u64>,
         out: &mut Outgoing,
         ctx: &mut RequestCtx,
-    ) -> Result<Vec<Permit>, S3Error> {
+    ) -> Result<MultiDelete, S3Error> {
         let bucket = op.bucket.as_deref().unwrap_or_default();
-        let delete = Delete::parse(&read_body(out).await?)?;
+        let mut delete = Delete::parse(&read_body(out, MAX_BODY, "DeleteObjects").await?)?;
         let resources: BTreeSet<String> = delete
             .objects
             .iter()
@@ -46,8 +70,59 @@ impl Proxy {
                 self.admit_all(&resources, t).await?
             }
         };
-        send_canonical(out, &delete)?;
-        Ok(permits)
+        let objects = delete.objects.iter().map(|o| {
+            let mode = match o.conditions {
+                Some(_) => Mode::Alone,
+                None => Mode::Shared,
+            };
+            (object_name(bucket, &o.key), mode)
+        });
+        let hold = self.gate.holds().hold(objects.collect()).await;
+        let hold = hold.map_err(S3Error::from_hold)?;
+        let refused = self.judge_keys(bucket, &delete, &out.headers).await?;
+        delete
+            .objects
+            .retain(|o| !refused.iter().any(|(k, _)| *k == o.key));
+        // The body was read whole: in cluster mode, the lease is asked now.
+        if !hold.body_complete() {
+            return Err(S3Error::lease_lapsed("one of the keys"));
+        }
+        let nothing_left = delete.objects.is_empty();
+        if !nothing_left {
+            send_body(out, Bytes::from(delete.to_xml()), Checksum::Sha256)?;
+        }
+        Ok(MultiDelete {
+            permits,
+            hold,
+            refused,
+            nothing_left,
+        })
+    }
+
+    /// The keys of `delete` whose conditions do not hold, each read with a
+    /// HEAD (several at once) while it is held.
+    async fn judge_keys(
+        &self,
+        bucket: &str,
+        delete: &Delete,
+        headers: &HeaderMap,
+    ) -> Result<Vec<(String, Failed)>, S3Error> {
+        let conditional: Vec<_> = delete
+            .objects
+            .iter()
+            .filter_map(|o| Some((o.key.clone(), o.conditions.clone()?)))
+            .collect();
+        let judge = |(key, c): (String, Conditions)| async move {
+            let current = self.current(bucket, &key, headers).await?;
+            let verdict = c.judge(current.as_ref().map(|(c, _)| c));
+            Ok::<_, S3Error>(verdict.err().map(|f| (key, f)))
+        };
+        let judged: Vec<_> = futures_util::stream::iter(conditional)
+            .map(judge)
+            .buffer_unordered(HEADS_AT_ONCE)
+            .collect()
+            .await;
+        judged.into_iter().filter_map(Result::transpose).collect()
     }
 
     /// Admits `token` on every resource, all or nothing: every resource is
@@ -83,50 +158,52 @@ impl Proxy {
     }
 }
 
-/// The whole (verified) request body, at most [`MAX_BODY`] bytes. Checksum
-/// trailers are dropped: the backend gets a new body with its own.
-async fn read_body(out: &mut Outgoing) -> Result<Bytes, S3Error> {
-    let mut body = BytesMut::new();
-    if let Some(mut frames) = out.body.take() {
-        while let Some(frame) = frames.next().await {
-            if let Ok(d) = frame?.into_data() {
-                if body.len() + d.len() > MAX_BODY {
-                    return Err(S3Error::MalformedXML(format!(
-                        "DeleteObjects body over {MAX_BODY} bytes"
-                    )));
-                }
-                body.extend_from_slice(&d);
-            }
-        }
+/// An `<Error>` of a DeleteResult for each refused key.
+fn refused_xml(refused: &[(String, Failed)]) -> String {
+    let mut xml = String::new();
+    for (key, failed) in refused {
+        let e = failed.error(key);
+        xml.push_str("<Error><Key>");
+        xml.push_str(&xml_escape(key));
+        xml.push_str("</Key><Code>");
+        xml.push_str(e.code());
+        xml.push_str("</Code><Message>");
+        xml.push_str(&xml_escape(&e.to_string()));
+        xml.push_str("</Message></Error>");
     }
-    Ok(body.freeze())
+    xml
 }
 
-/// Upstream: the canonical body, plain, with its own checksum (the client's
-/// checksums are of the client's XML).
-fn send_canonical(out: &mut Outgoing, delete: &Delete) -> Result<(), S3Error> {
-    let body = Bytes::from(delete.to_xml());
-    let sha = Sha256::digest(&body);
-    out.headers.remove(http::header::CONTENT_ENCODING);
-    out.headers.remove("content-md5");
-    out.headers.remove("x-amz-sdk-checksum-algorithm");
-    let checksums: Vec<_> = out
-        .headers
-        .keys()
-        .filter(|n| n.as_str().starts_with("x-amz-checksum-"))
-        .cloned()
-        .collect();
-    for n in checksums {
-        out.headers.remove(n);
-    }
-    out.headers.insert(
-        "x-amz-checksum-sha256",
-        http::HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(sha))
-            .map_err(|e| S3Error::Internal(e.to_string()))?,
+/// The answer when every key was refused: nothing went to the backend.
+pub(super) fn refused_only(refused: &[(String, Failed)]) -> Response<ProxyBody> {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DeleteResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">{}</DeleteResult>",
+        refused_xml(refused)
     );
-    out.content_length = Some(body.len() as u64);
-    out.payload = UpstreamPayload::Sha256Hex(hex::encode(sha));
-    let frame: Result<http_body::Frame<Bytes>, S3Error> = Ok(http_body::Frame::data(body));
-    out.body = Some(Box::pin(futures_util::stream::iter([frame])));
-    Ok(())
+    let mut resp = Response::new(full(body));
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/xml"),
+    );
+    resp
+}
+
+/// The backend's DeleteResult with the refused keys' errors added.
+pub(super) async fn with_refused(
+    resp: Response<ProxyBody>,
+    refused: &[(String, Failed)],
+) -> Result<Response<ProxyBody>, S3Error> {
+    if !resp.status().is_success() {
+        return Ok(resp);
+    }
+    let (mut parts, body) = resp.into_parts();
+    let bytes = read_small_body(body, 8 << 20).await?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| S3Error::BadGateway("the backend's DeleteResult is not UTF-8".into()))?;
+    let end = text.rfind("</DeleteResult>").ok_or_else(|| {
+        S3Error::BadGateway("the backend's DeleteObjects answer is not a DeleteResult".into())
+    })?;
+    let merged = format!("{}{}{}", &text[..end], refused_xml(refused), &text[end..]);
+    parts.headers.remove(CONTENT_LENGTH);
+    Ok(Response::from_parts(parts, full(merged)))
 }

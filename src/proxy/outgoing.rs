@@ -3,7 +3,7 @@
 //! each payload form (verify, hold back the last frame, re-encode).
 
 use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
-use crate::fence::commit::commit_gate;
+use crate::fence::commit::{Stop, commit_gate};
 use crate::s3::auth::{Payload, Verified};
 use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
@@ -47,10 +47,18 @@ impl Proxy {
         let out = self.upstream_head(head, admitted)?;
         let fenced = &admitted.fenced;
         let resource = fenced.resource.clone().unwrap_or_default();
+        let object = admitted.op.key.clone().unwrap_or_default();
+        let hold = (!admitted.hold.is_empty()).then(|| admitted.hold.clone());
         let gated = |frames| {
-            commit_gate(frames, fenced.permit.clone(), move |p| {
-                S3Error::aborted(p, &resource)
-            })
+            commit_gate(
+                frames,
+                fenced.permit.clone(),
+                hold,
+                move |stop| match stop {
+                    Stop::Aborted(p) => S3Error::aborted(p, &resource),
+                    Stop::HoldLapsed => S3Error::lease_lapsed(&object),
+                },
+            )
         };
         if admitted.verified.payload.is_chunked() {
             return self.chunked_body(out, &head.headers, &admitted.verified, incoming, gated);
@@ -139,6 +147,10 @@ impl Proxy {
             {
                 let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
                 return Err(S3Error::aborted(p, resource));
+            }
+            if !admitted.hold.body_complete() {
+                let key = admitted.op.key.as_deref().unwrap_or_default();
+                return Err(S3Error::lease_lapsed(key));
             }
             if content_length == Some(0) {
                 out.content_length = Some(0);

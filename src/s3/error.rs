@@ -3,6 +3,7 @@
 
 use super::headers::number_value;
 use crate::fence::gate::{Permit, Refusal};
+use crate::fence::hold::HoldError;
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
@@ -19,7 +20,13 @@ pub enum S3Error {
     MissingFencingToken(String),
     #[error("{0}")]
     InvalidFencingToken(String),
-    #[error("older writes to {0} are still finishing upstream; retry")]
+
+    // Conditional writes (CONTRACT §8).
+    #[error("{0}")]
+    PreconditionFailed(String),
+    #[error("{0}")]
+    NoSuchKey(String),
+    #[error("{0}; retry")]
     SlowDown(String),
     #[error("{0}; retry")]
     ServiceUnavailable(String),
@@ -67,6 +74,8 @@ pub enum S3Error {
     InvalidObjectName(String),
     #[error("{0}")]
     MalformedXML(String),
+    #[error("{0}")]
+    IllegalLocationConstraint(String),
     #[error("a Content-Length header is required")]
     MissingContentLength,
 
@@ -86,7 +95,9 @@ impl S3Error {
                 highest,
                 resource: resource.to_string(),
             },
-            Refusal::Busy => S3Error::SlowDown(resource.to_string()),
+            Refusal::Busy => S3Error::SlowDown(format!(
+                "older writes to {resource} are still finishing upstream"
+            )),
             Refusal::Store(e) => S3Error::ServiceUnavailable(e.to_string()),
             Refusal::Unavailable(e) => S3Error::ServiceUnavailable(format!(
                 "the shared fence table cannot be reached: {e}"
@@ -94,13 +105,20 @@ impl S3Error {
         }
     }
 
+    /// The answer to a write that could not hold its object.
+    pub fn from_hold(e: HoldError) -> S3Error {
+        match e {
+            HoldError::Busy(object) => {
+                S3Error::SlowDown(format!("other writes to {object} are still in progress"))
+            }
+            HoldError::Unavailable(e) => S3Error::ServiceUnavailable(e),
+        }
+    }
+
     /// The answer to a write whose permit was aborted by a higher token.
     pub fn aborted(permit: &Permit, resource: &str) -> S3Error {
         if permit.lease_lost() {
-            return S3Error::ServiceUnavailable(format!(
-                "this replica's cluster lease may have lapsed while it wrote {resource}; \
-                 the write was not completed"
-            ));
+            return S3Error::lease_lapsed(resource);
         }
         S3Error::StaleFencingToken {
             token: permit.token(),
@@ -109,11 +127,22 @@ impl S3Error {
         }
     }
 
+    /// The answer to a write this replica stopped because its cluster
+    /// lease may have lapsed while it wrote `what`.
+    pub fn lease_lapsed(what: &str) -> S3Error {
+        S3Error::ServiceUnavailable(format!(
+            "this replica's cluster lease may have lapsed while it wrote {what}; \
+             the write was not completed"
+        ))
+    }
+
     pub fn status(&self) -> StatusCode {
         use S3Error::*;
         match self {
             StaleFencingToken { .. } => StatusCode::CONFLICT,
             MissingFencingToken(_) => StatusCode::PRECONDITION_REQUIRED,
+            PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
+            NoSuchKey(_) => StatusCode::NOT_FOUND,
             SlowDown(_) | ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AccessDenied(_)
             | InvalidAccessKeyId
@@ -136,6 +165,7 @@ impl S3Error {
             | RequestHeaderSectionTooLarge
             | RequestTimeout
             | MalformedXML(_)
+            | IllegalLocationConstraint(_)
             | InvalidBucketName(_)
             | InvalidObjectName(_) => StatusCode::BAD_REQUEST,
         }
@@ -148,6 +178,8 @@ impl S3Error {
             StaleFencingToken { .. } => "StaleFencingToken",
             MissingFencingToken(_) => "MissingFencingToken",
             InvalidFencingToken(_) => "InvalidFencingToken",
+            PreconditionFailed(_) => "PreconditionFailed",
+            NoSuchKey(_) => "NoSuchKey",
             SlowDown(_) => "SlowDown",
             ServiceUnavailable(_) => "ServiceUnavailable",
             AccessDenied(_) => "AccessDenied",
@@ -169,6 +201,7 @@ impl S3Error {
             InvalidBucketName(_) => "InvalidBucketName",
             InvalidObjectName(_) => "InvalidObjectName",
             MalformedXML(_) => "MalformedXML",
+            IllegalLocationConstraint(_) => "IllegalLocationConstraintException",
             MissingContentLength => "MissingContentLength",
             BadGateway(_) => "BadGateway",
             Internal(_) => "InternalError",
@@ -182,6 +215,7 @@ impl S3Error {
             StaleFencingToken { .. } => "stale",
             MissingFencingToken(_) => "missing",
             InvalidFencingToken(_) => "invalid",
+            PreconditionFailed(_) | NoSuchKey(_) => "condition_failed",
             SlowDown(_) => "busy",
             ServiceUnavailable(_) => "unavailable",
             AccessDenied(_)

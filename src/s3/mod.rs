@@ -3,7 +3,9 @@
 
 pub mod auth;
 pub mod body;
+pub mod bucket_config;
 pub mod chunked;
+pub mod conditions;
 pub mod error;
 pub mod headers;
 pub mod multi_delete;

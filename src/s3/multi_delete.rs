@@ -8,14 +8,20 @@
 //! no prefixes, only the five predefined escapes. The backend then deletes
 //! exactly what was fenced.
 //!
+//! Each `Object` may carry the conditions of a conditional delete
+//! (`ETag`, `LastModifiedTime`, `Size`: CONTRACT §8). fencegate judges them
+//! itself, under the object's hold, and the backend gets only the keys
+//! whose conditions held, without them.
+//!
 //! Refused (`400 MalformedXML`): a DOCTYPE, an unknown entity, a root other
 //! than `Delete`, an `Object` without exactly one `Key`, an element fencegate
-//! does not carry over (`ETag`, `Size`... conditions it would drop), text
-//! outside `Key`, `VersionId` and `Quiet`, and more than 1000 keys. Keys are
+//! does not know, text outside the elements above, and more than 1000 keys.
+//! Keys are
 //! checked like any key (`names::check_key`), and a key with leading or
 //! trailing white space is refused too: parsers that trim text would read it
 //! as another key.
 
+use super::conditions::{Conditions, bare_etag, parse_time};
 use super::error::S3Error;
 use super::error::xml_escape;
 use super::names::check_key;
@@ -33,7 +39,54 @@ pub const MAX_BODY: usize = 2 * 1024 * 1024;
 pub struct ToDelete {
     pub key: String,
     pub version_id: Option<String>,
+    /// Its `ETag`, `LastModifiedTime` and `Size`, when it has any.
+    pub conditions: Option<Conditions>,
 }
+
+/// The fields of an `<Object>` as they are read.
+#[derive(Default)]
+struct Fields {
+    key: Option<String>,
+    version_id: Option<String>,
+    etag: Option<String>,
+    last_modified: Option<String>,
+    size: Option<String>,
+}
+
+impl Fields {
+    fn slot(&mut self, field: &str) -> &mut Option<String> {
+        match field {
+            "Key" => &mut self.key,
+            "VersionId" => &mut self.version_id,
+            "ETag" => &mut self.etag,
+            "LastModifiedTime" => &mut self.last_modified,
+            _ => &mut self.size,
+        }
+    }
+
+    fn conditions(&self) -> Result<Option<Conditions>, S3Error> {
+        let mut c = Conditions::default();
+        if let Some(e) = &self.etag {
+            c.if_match = Some(vec![bare_etag(e).to_string()]);
+        }
+        if let Some(t) = &self.last_modified {
+            let secs = parse_time(t.trim())
+                .ok_or_else(|| malformed(format!("<LastModifiedTime> {t:?} is not a time")))?;
+            c.last_modified = Some(secs);
+        }
+        if let Some(n) = &self.size {
+            let n = n
+                .trim()
+                .parse()
+                .map_err(|_| malformed(format!("<Size> {n:?} is not a size")))?;
+            c.size = Some(n);
+        }
+        Ok((c != Conditions::default()).then_some(c))
+    }
+}
+
+/// The `<Object>` fields that carry text.
+const FIELDS: [&str; 5] = ["Key", "VersionId", "ETag", "LastModifiedTime", "Size"];
 
 /// A DeleteObjects request body as fencegate read it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -52,16 +105,17 @@ struct Open {
     /// Element names from the root down.
     path: Vec<String>,
     text: String,
-    object: Option<(Option<String>, Option<String>)>,
+    object: Option<Fields>,
 }
 
 impl Open {
     fn text_allowed(&self) -> bool {
         let p: Vec<&str> = self.path.iter().map(String::as_str).collect();
-        matches!(
-            p.as_slice(),
-            ["Delete", "Quiet"] | ["Delete", "Object", "Key" | "VersionId"]
-        )
+        match p.as_slice() {
+            ["Delete", "Quiet"] => true,
+            ["Delete", "Object", f] => FIELDS.contains(f),
+            _ => false,
+        }
     }
 }
 
@@ -85,8 +139,8 @@ impl Delete {
                     match p.as_slice() {
                         ["Delete"] if !seen_root => seen_root = true,
                         ["Delete", "Quiet"] => {}
-                        ["Delete", "Object"] => st.object = Some((None, None)),
-                        ["Delete", "Object", "Key" | "VersionId"] => {}
+                        ["Delete", "Object"] => st.object = Some(Fields::default()),
+                        ["Delete", "Object", f] if FIELDS.contains(f) => {}
                         _ => {
                             return Err(malformed(format!("unexpected element <{}>", p.join("/"))));
                         }
@@ -182,22 +236,29 @@ impl Open {
                 }
             }
             ["Delete", "Object", field] => {
-                let (key, version) = self.object.as_mut().expect("inside <Object>");
-                let slot = if *field == "Key" { key } else { version };
-                if slot.replace(text).is_some() {
+                let fields = self.object.as_mut().expect("inside <Object>");
+                if fields.slot(field).replace(text).is_some() {
                     return Err(malformed(format!("an <Object> with two <{field}>")));
                 }
             }
             ["Delete", "Object"] => {
-                let (key, version_id) = self.object.take().expect("inside <Object>");
-                let key = key.ok_or_else(|| malformed("an <Object> without <Key>"))?;
+                let fields = self.object.take().expect("inside <Object>");
+                let conditions = fields.conditions()?;
+                let version_id = fields.version_id;
+                let key = fields
+                    .key
+                    .ok_or_else(|| malformed("an <Object> without <Key>"))?;
                 check_key(&key)?;
                 if key.trim() != key {
                     return Err(malformed(format!(
                         "key {key:?} begins or ends with white space, which XML readers may trim; delete it with DeleteObject"
                     )));
                 }
-                out.objects.push(ToDelete { key, version_id });
+                out.objects.push(ToDelete {
+                    key,
+                    version_id,
+                    conditions,
+                });
                 if out.objects.len() > MAX_KEYS {
                     return Err(malformed(format!("more than {MAX_KEYS} keys")));
                 }
@@ -233,6 +294,23 @@ mod tests {
     }
 
     #[test]
+    fn conditions_are_read_per_object_and_not_forwarded() {
+        let d = Delete::parse(
+            b"<Delete><Object><Key>a</Key><ETag>\"e1\"</ETag></Object>\
+              <Object><Key>b</Key><LastModifiedTime>2023-11-14T22:13:20.000Z</LastModifiedTime>\
+              <Size>5</Size></Object><Object><Key>c</Key></Object></Delete>",
+        )
+        .unwrap();
+        let c = |i: usize| d.objects[i].conditions.clone();
+        assert_eq!(c(0).unwrap().if_match, Some(vec!["e1".to_string()]));
+        assert_eq!(c(1).unwrap().last_modified, Some(1_700_000_000));
+        assert_eq!(c(1).unwrap().size, Some(5));
+        assert_eq!(c(2), None);
+        let xml = d.to_xml();
+        assert!(!xml.contains("ETag") && !xml.contains("Size"), "{xml}");
+    }
+
+    #[test]
     fn comments_and_cdata_are_read_whole_and_forwarded_plain() {
         let d = Delete::parse(b"<Delete><Object><Key>k<![CDATA[x]]></Key></Object><Object><Key>k<!---->y</Key></Object></Delete>").unwrap();
         assert_eq!(d.objects[0].key, "kx");
@@ -249,7 +327,9 @@ mod tests {
             b"<Delete><Object><Key>a</Object></Delete>",
             b"<Delete><Object><Key>a</Key><Key>b</Key></Object></Delete>",
             b"<Delete><Object><VersionId>v</VersionId></Object></Delete>",
-            b"<Delete><Object><Key>a</Key><ETag>e</ETag></Object></Delete>",
+            b"<Delete><Object><Key>a</Key><Owner>e</Owner></Object></Delete>",
+            b"<Delete><Object><Key>a</Key><Size>-1</Size></Object></Delete>",
+            b"<Delete><Object><Key>a</Key><ETag>e</ETag><ETag>f</ETag></Object></Delete>",
             b"<Delete><Object><Key>x/../k</Key></Object></Delete>",
             b"<Delete><Object><Key> k</Key></Object></Delete>",
             b"<Delete><Object><Key>&ent;</Key></Object></Delete>",

@@ -146,6 +146,24 @@ impl Op {
         )
     }
 
+    /// Whether the request puts a new version of its object in place (of
+    /// the destination, for a copy): the writes `If-None-Match` and
+    /// `If-Match` guard (CONTRACT §8).
+    pub fn replaces_object(self) -> bool {
+        matches!(
+            self,
+            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
+        )
+    }
+
+    /// Whether the request changes which version of its object there is
+    /// (replaces or deletes it): these hold the object while they write, so
+    /// that a conditional write's check and write are one step
+    /// (`fence::hold`). DeleteObjects holds each key it names.
+    pub fn changes_object(self) -> bool {
+        self.replaces_object() || self == Op::DeleteObject
+    }
+
     /// Whether the request belongs to a multipart upload and, carrying no
     /// token of its own, is checked with the token that created the upload.
     pub fn inherits_upload_token(self) -> bool {

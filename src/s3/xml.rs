@@ -1,6 +1,7 @@
 //! The backend's XML answers that fencegate reads for a decision: the
 //! upload id of a CreateMultipartUpload (its token is remembered), the
-//! bucket list shown to a limited credential, and the `<Error>` a backend
+//! bucket list shown to a limited credential (and the first bucket, where
+//! the probe of `upstream::probe` writes), and the `<Error>` a backend
 //! may send inside a `200` answer. One parser (quick-xml) reads all of
 //! them; nothing here scans XML text by hand.
 
@@ -139,6 +140,16 @@ pub fn keep_buckets(xml: &[u8], allowed: impl Fn(&str) -> bool) -> Option<Vec<u8
     Some(writer.into_inner())
 }
 
+/// The names of a ListAllMyBucketsResult's buckets, in its order.
+pub fn bucket_names(xml: &[u8]) -> Vec<String> {
+    let names = std::cell::RefCell::new(Vec::new());
+    keep_buckets(xml, |n| {
+        names.borrow_mut().push(n.to_string());
+        false
+    });
+    names.into_inner()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +184,7 @@ mod tests {
             kept.ends_with("</Buckets></ListAllMyBucketsResult>"),
             "{kept}"
         );
+        assert_eq!(bucket_names(xml), ["a", "b"]);
         // A name hidden in a comment is read the way an SDK reads it.
         let tricky = b"<L><Buckets><Bucket><Name>a<!-- -->x</Name></Bucket></Buckets></L>";
         let kept = String::from_utf8(keep_buckets(tricky, |b| b == "a").unwrap()).unwrap();

@@ -1,8 +1,10 @@
-//! The backend side: forwarding with re-signing, and the embedded store.
+//! The backend side: forwarding with re-signing, the embedded store, and
+//! the probe of whether the backend honours conditional writes.
 
 pub mod client;
 pub mod embedded;
 pub mod layout;
 pub mod pool;
+pub mod probe;
 pub mod put_checks;
 pub mod read_conditions;

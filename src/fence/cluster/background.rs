@@ -62,39 +62,43 @@ impl Cluster {
         }
     }
 
-    /// Every `every`, deletes this replica's registrations that etcd holds
-    /// but no write here does: an admission transaction applied after its
+    /// Every `every`, deletes this replica's registrations and holds that
+    /// etcd has but no write here does: a transaction applied after its
     /// request had given up on it.
     pub(super) async fn sweep(self: Arc<Self>, every: Duration) {
-        let all = format!("{}inflight/", self.keys.prefix());
-        let mine = format!("/{}-", self.replica);
         loop {
             tokio::time::sleep(every).await;
-            let opts = GetOptions::new()
-                .with_range(keys::prefix_end(&all))
-                .with_keys_only();
-            let mut kv = self.client.kv_client();
-            let Ok(resp) = call("sweep", kv.get(all.clone(), Some(opts))).await else {
-                continue;
-            };
-            let stray: Vec<String> = {
-                let live = self.live();
-                resp.kvs()
-                    .iter()
-                    .filter_map(|kv| std::str::from_utf8(kv.key()).ok())
-                    .filter(|k| k.contains(&mine) && !live.contains(*k))
-                    .map(str::to_string)
-                    .collect()
-            };
-            if !stray.is_empty() {
-                tracing::info!(
-                    count = stray.len(),
-                    "deleting stray in-flight registrations"
-                );
-                let generation = self.lease.current().map_or(0, |(_, g)| g);
-                for k in stray {
-                    let _ = self.deregister.send((k, generation));
-                }
+            for kind in ["inflight/", "holds/"] {
+                self.sweep_one(&format!("{}{kind}", self.keys.prefix()))
+                    .await;
+            }
+        }
+    }
+
+    /// Deletes this replica's stray keys under `all`.
+    async fn sweep_one(&self, all: &str) {
+        let mine = format!("/{}-", self.replica);
+        let opts = GetOptions::new()
+            .with_range(keys::prefix_end(all))
+            .with_keys_only();
+        let mut kv = self.client.kv_client();
+        let Ok(resp) = call("sweep", kv.get(all, Some(opts))).await else {
+            return;
+        };
+        let stray: Vec<String> = {
+            let live = self.live();
+            resp.kvs()
+                .iter()
+                .filter_map(|kv| std::str::from_utf8(kv.key()).ok())
+                .filter(|k| k.contains(&mine) && !live.contains(*k))
+                .map(str::to_string)
+                .collect()
+        };
+        if !stray.is_empty() {
+            tracing::info!(count = stray.len(), "deleting stray keys under {all}");
+            let generation = self.lease.current().map_or(0, |(_, g)| g);
+            for k in stray {
+                let _ = self.deregister.send((k, generation));
             }
         }
     }

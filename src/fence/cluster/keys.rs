@@ -14,6 +14,9 @@
 //!   at some replica, under that replica's lease. The resource's length
 //!   makes the key unambiguous whatever the resource contains; the token's
 //!   fixed width makes "every write below t" one key range;
+//! - `holds/<len>:<bucket>/<key>/<replica>-<seq>`: a write holding an
+//!   object (`holds.rs`), under the replica's lease; its value says how
+//!   (`alone` or `shared`);
 //! - `uploads/<bucket/key\nuploadId>`: the token that created a multipart
 //!   upload.
 
@@ -81,6 +84,16 @@ impl Keys {
             self.inflight_base(resource),
             pad(token.into())
         )
+    }
+
+    /// Every hold on `object` (`bucket/key`) starts with this.
+    pub fn hold_base(&self, object: &str) -> String {
+        format!("{}holds/{}:{object}/", self.prefix, object.len())
+    }
+
+    /// One write's hold on `object` (CONTRACT §8; `holds.rs`).
+    pub fn hold(&self, object: &str, replica: &str, seq: u64) -> String {
+        format!("{}{replica}-{seq}", self.hold_base(object))
     }
 
     pub fn uploads(&self) -> String {

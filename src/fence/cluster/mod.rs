@@ -13,11 +13,14 @@
 //!   go upstream.
 //! - Raises made anywhere reach every replica through a watch, which aborts
 //!   local lower-token writes still streaming (the gate does the aborting).
+//! - The object holds of conditional writes (`holds.rs`) are keys beside
+//!   the registrations, under the same lease, waited for the same way.
 //!
 //! It knows nothing of the gate: `gate.rs` calls it.
 
 mod background;
 mod batch;
+mod holds;
 pub mod keys;
 mod lease;
 mod store;
@@ -200,9 +203,18 @@ impl Cluster {
         resource: &str,
         token: u64,
     ) -> Result<Registration, ClusterError> {
+        self.register(|keys, replica, seq| keys.registration(resource, token, replica, seq))
+    }
+
+    /// A registration of the key `make` names (from this replica's name and
+    /// a sequence number), under the current lease.
+    fn register(
+        self: &Arc<Self>,
+        make: impl FnOnce(&Keys, &str, u64) -> String,
+    ) -> Result<Registration, ClusterError> {
         let (lease, generation) = self.lease.current().ok_or(ClusterError::NoLease)?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let key = self.keys.registration(resource, token, &self.replica, seq);
+        let key = make(&self.keys, &self.replica, seq);
         self.live().insert(key.clone());
         Ok(Registration {
             key,

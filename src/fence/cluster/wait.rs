@@ -24,25 +24,41 @@ impl Cluster {
         revision: i64,
         deadline: Instant,
     ) -> Result<(), WaitError> {
-        let leases: HashSet<i64> = lower.values().copied().collect();
         let (low, high) = self.keys.inflight_below(resource, token);
+        self.wait_range_gone(resource, (&low, &high), lower, revision, deadline)
+            .await
+    }
+
+    /// Waits until every key of `lower`, all in the range `[low, high)`
+    /// and found there at `revision`, is gone, plus the expiry hold if one
+    /// went with its lease; gives up at `deadline`. `what` names them in
+    /// logs.
+    pub(super) async fn wait_range_gone(
+        &self,
+        what: &str,
+        (low, high): (&str, &str),
+        lower: Lower,
+        revision: i64,
+        deadline: Instant,
+    ) -> Result<(), WaitError> {
+        let leases: HashSet<i64> = lower.values().copied().collect();
         let mut left = lower;
         let mut from = revision + 1;
         // etcd errors (a member gone, an election) are retried until the
         // deadline: the wait ends only when the writes are surely gone.
         let wait = async {
             while !left.is_empty() {
-                if let Err(e) = self.watch_deletes(&low, &high, from, &mut left).await {
+                if let Err(e) = self.watch_deletes(low, high, from, &mut left).await {
                     // The watch broke (or history was compacted): read
                     // what is left, and go on from there.
-                    tracing::debug!("watch on {resource} broke: {e}");
+                    tracing::debug!("watch on {what} broke: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    match self.lower_now(&low, &high).await {
+                    match self.lower_now(low, high).await {
                         Ok((rev, still)) => {
                             left.retain(|k, _| still.contains(k));
                             from = rev + 1;
                         }
-                        Err(e) => tracing::debug!("reading {resource}'s writes in flight: {e}"),
+                        Err(e) => tracing::debug!("reading {what}'s writes in flight: {e}"),
                     }
                 }
             }
@@ -60,9 +76,9 @@ impl Cluster {
             };
             if expired {
                 tracing::info!(
-                    resource,
+                    resource = what,
                     hold_ms = self.expired_hold.as_millis() as u64,
-                    "a lower write's replica lost its lease: holding newer writes for the quarantine"
+                    "a write's replica lost its lease: holding the writes after it for the quarantine"
                 );
                 tokio::time::sleep(self.expired_hold).await;
             }

@@ -12,6 +12,7 @@ impl Gate {
     /// through `cluster`, which is also the store.
     pub fn shared(cluster: Arc<Cluster>, wait_bound: std::time::Duration) -> Gate {
         let mut gate = Gate::new(cluster.clone(), wait_bound);
+        gate.holds = crate::fence::hold::Holds::new(wait_bound, Some(cluster.clone()));
         gate.cluster = Some(cluster);
         gate
     }

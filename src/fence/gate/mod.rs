@@ -23,6 +23,7 @@
 mod cluster;
 
 use super::cluster::{Cluster, Registration};
+use super::hold::Holds;
 use super::store::{FenceStore, StoreError};
 use crate::metric_names as m;
 use dashmap::DashMap;
@@ -214,6 +215,8 @@ pub struct Gate {
     ordered: bool,
     /// Cluster mode: the shared fence table and barrier.
     cluster: Option<Arc<Cluster>>,
+    /// The object holds of conditional writes (CONTRACT §8).
+    holds: Holds,
 }
 
 /// Default for [`Gate::set_max_slots`].
@@ -228,7 +231,18 @@ impl Gate {
             max_slots: DEFAULT_MAX_SLOTS,
             ordered: true,
             cluster: None,
+            holds: Holds::new(wait_bound, None),
         }
+    }
+
+    /// The object holds: where a conditional write's check and write
+    /// become one step, on this replica or across all of them.
+    pub fn holds(&self) -> &Holds {
+        &self.holds
+    }
+
+    pub fn holds_mut(&mut self) -> &mut Holds {
+        &mut self.holds
     }
 
     /// How many resources' slots are cached before idle ones are dropped.
