@@ -87,3 +87,34 @@ async fn without_conditional_writes_an_overtaken_write_lands() {
     assert_eq!(status, 200);
     assert_eq!(object, "admitted");
 }
+
+/// moto honours conditional writes itself: the probe says so.
+#[tokio::test]
+async fn the_probe_tells_that_moto_honours_conditions() {
+    let moto = common::moto::Moto::start();
+    let direct = common::sdk_as(&moto.endpoint, common::moto::KEY, common::moto::SECRET);
+    common::ensure_bucket(&direct, "demo").await;
+    let fg = common::fencegate::Fencegate::start_full(
+        moto.backend(),
+        "",
+        "probe_conditions = true\nprobe_bucket = \"demo\"",
+        "",
+        &[],
+    );
+    let url = format!("http://{}/readyz", fg.admin);
+    let mut ready = String::new();
+    for _ in 0..100 {
+        ready = common::http_call("GET", &url, None, None).await.1;
+        if ready.contains("delete_if_match\":true") || ready.contains("\"error\":\"") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for answer in [
+        "\"if_none_match\":true",
+        "\"if_match\":true",
+        "\"delete_if_match\":true",
+    ] {
+        assert!(ready.contains(answer), "{ready}");
+    }
+}

@@ -178,6 +178,13 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
     assert_eq!(outcome(r), (404, "NoSuchKey".into()));
     assert_eq!(body_of(&c, "free/missing").await, None);
     assert_eq!(body_of(&c, "free/k").await.as_deref(), Some("v1"));
+    // What AWS does not implement: `If-Match: *` on a write, both at once.
+    let r = put(&c, "free/k", "x", None).if_match("*").send().await;
+    assert_eq!(outcome(r), (501, "NotImplemented".into()));
+    let r = put(&c, "free/k", "x", None)
+        .if_match(&v1)
+        .if_none_match("*");
+    assert_eq!(outcome(r.send().await), (501, "NotImplemented".into()));
     put(&c, "free/k", "v2", None)
         .if_match(&v1)
         .send()
@@ -241,6 +248,12 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
         .if_match_last_modified_time(modified);
     r.send().await.unwrap();
     assert_eq!(body_of(&c, "free/k").await, None);
+    // Gone: `If-Match` (even `*`) cannot hold; a size alone holds.
+    assert_eq!(
+        outcome(del().if_match("*").send().await),
+        (404, "NoSuchKey".into())
+    );
+    del().if_match_size(5).send().await.unwrap();
 
     // DeleteObjects: each key's conditions, each key answered.
     put(&c, "free/d1", "one", None).send().await.unwrap();
@@ -394,4 +407,79 @@ mod complete_multipart_upload_conditions {
     async fn embedded() {
         super::complete_multipart_upload_conditions(super::Store::Embedded).await
     }
+}
+
+/// Whether the store honours conditions itself is probed and shown: Garage
+/// applies every write whose condition fails.
+#[tokio::test]
+async fn the_probe_tells_that_garage_ignores_conditions() {
+    let garage = common::garage::Garage::start();
+    let fg = common::fencegate::Fencegate::start_full(
+        garage.backend(),
+        "",
+        "probe_conditions = true",
+        "",
+        &[],
+    );
+    let url = format!("http://{}/readyz", fg.admin);
+    let mut ready = String::new();
+    for _ in 0..100 {
+        ready = common::http_call("GET", &url, None, None).await.1;
+        if ready.contains("\"delete_if_match\":false") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for answer in [
+        "\"if_none_match\":false",
+        "\"if_match\":false",
+        "\"delete_if_match\":false",
+    ] {
+        assert!(ready.contains(answer), "{ready}");
+    }
+    let metrics =
+        common::http_call("GET", &format!("http://{}/metrics", fg.admin), None, None).await;
+    assert!(
+        metrics
+            .1
+            .contains("fencegate_backend_honours_condition{condition=\"if-none-match\"} 0"),
+        "{}",
+        metrics.1
+    );
+    // The probe's object is gone again.
+    let c = common::sdk(&fg.endpoint());
+    let listed = c
+        .list_objects_v2()
+        .bucket("demo")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.key_count(), Some(0), "{listed:?}");
+}
+
+/// CreateBucket names fencegate's region; Garage makes buckets only in its
+/// own, and gets that.
+#[tokio::test]
+async fn create_bucket_names_the_backends_region() {
+    use aws_sdk_s3::types::{BucketLocationConstraint, CreateBucketConfiguration};
+    let garage = common::garage::Garage::start();
+    let fg = common::fencegate::Fencegate::start(garage.backend(), "");
+    let c = common::sdk(&fg.endpoint());
+    let config = |region: &str| {
+        CreateBucketConfiguration::builder()
+            .location_constraint(BucketLocationConstraint::from(region))
+            .build()
+    };
+    let made = c
+        .create_bucket()
+        .bucket("made-here")
+        .create_bucket_configuration(config("us-east-1"));
+    made.send().await.unwrap();
+    c.head_bucket().bucket("made-here").send().await.unwrap();
+    let elsewhere = c
+        .create_bucket()
+        .bucket("not-here")
+        .create_bucket_configuration(config("eu-west-1"));
+    let r = outcome(elsewhere.send().await);
+    assert_eq!(r, (400, "IllegalLocationConstraintException".into()));
 }

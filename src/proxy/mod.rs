@@ -269,7 +269,8 @@ impl Proxy {
         }
         let verified = self.authenticate(ctx, &head, &query)?;
         let op = self.classify(ctx, &head, &query)?;
-        let conditions = Conditions::of_request(&head.headers, op.op)?;
+        let versioned = query::has_query_param(&query, "versionId");
+        let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
         self.authorize(&verified, &op)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
         let fenced = self.fence(ctx, &op, token).await?;

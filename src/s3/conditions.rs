@@ -10,10 +10,16 @@
 //!   `x-amz-if-match-size`; each key of DeleteObjects: its `ETag`,
 //!   `LastModifiedTime` and `Size` (`s3::multi_delete`).
 //!
-//! The verdicts are S3's: a condition that does not hold is
-//! `412 PreconditionFailed`; `If-Match` on a key that does not exist is
-//! `404 NoSuchKey`. ETags compare without their quotes; times compare in
-//! whole seconds, the precision of the HTTP dates a HEAD answers with.
+//! The verdicts are AWS's (docs/how-it-works.md has the table and its
+//! sources): a condition that does not hold is `412 PreconditionFailed`;
+//! `If-Match` on a key that does not exist is `404 NoSuchKey`; the size and
+//! time conditions of a delete hold for a key that does not exist (the
+//! delete then deletes nothing). What AWS does not implement is
+//! `501 NotImplemented`: `If-None-Match` other than `*`, `If-Match: *` on a
+//! write, both headers at once, conditions on a delete of a given version.
+//! `If-Match` compares the whole value as one ETag (AWS reads no list);
+//! ETags compare without their quotes; times compare in whole seconds, the
+//! precision of the HTTP dates both sides send.
 
 use super::error::S3Error;
 use super::op::Op;
@@ -26,9 +32,9 @@ pub const X_AMZ_IF_MATCH_SIZE: &str = "x-amz-if-match-size";
 /// What a condition asks of the object.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Conditions {
-    /// `If-Match`: the object exists with one of these ETags (unquoted);
-    /// `*` matches any existing object.
-    pub if_match: Option<Vec<String>>,
+    /// `If-Match`: the object exists with this ETag (unquoted); `*`
+    /// (deletes only) matches any existing object.
+    pub if_match: Option<String>,
     /// `If-None-Match: *`: the object does not exist.
     pub if_none_match: bool,
     /// The object was last modified at this Unix second.
@@ -62,10 +68,10 @@ impl Failed {
     pub fn error(self, object: &str) -> S3Error {
         match self {
             Failed::Precondition => S3Error::PreconditionFailed(format!(
-                "at least one of the pre-conditions you specified did not hold for {object}"
+                "At least one of the pre-conditions you specified did not hold ({object})"
             )),
             Failed::Missing => S3Error::NoSuchKey(format!(
-                "{object} does not exist, so its condition cannot hold"
+                "The specified key does not exist ({object}), so If-Match cannot hold"
             )),
         }
     }
@@ -113,33 +119,47 @@ impl Conditions {
     /// The conditions of a write request, `None` when it has none. Only the
     /// writes that replace or delete an object have conditions fencegate
     /// judges; on others these headers are forwarded as they are.
-    pub fn of_request(headers: &HeaderMap, op: Op) -> Result<Option<Conditions>, S3Error> {
+    /// `versioned`: the request names a version of its object.
+    pub fn of_request(
+        headers: &HeaderMap,
+        op: Op,
+        versioned: bool,
+    ) -> Result<Option<Conditions>, S3Error> {
         let deletes = op == Op::DeleteObject;
         if !(deletes || op.replaces_object()) {
             return Ok(None);
         }
+        let not_implemented = |what: String| {
+            S3Error::NotImplemented(format!(
+                "A header you provided implies functionality that is not implemented: {what}"
+            ))
+        };
         let mut c = Conditions::default();
         if let Some(v) = one_header(headers, IF_MATCH.as_str())? {
-            let tags: Vec<String> = v
-                .split(',')
-                .map(|t| bare_etag(t).to_string())
-                .filter(|t| !t.is_empty())
-                .collect();
-            if tags.is_empty() {
+            let tag = bare_etag(v);
+            if tag.is_empty() {
                 return Err(S3Error::InvalidArgument("If-Match is empty".into()));
             }
-            c.if_match = Some(tags);
+            if tag == "*" && !deletes {
+                return Err(not_implemented(
+                    "If-Match: * (a write takes the ETag it replaces)".into(),
+                ));
+            }
+            c.if_match = Some(tag.to_string());
         }
         if let Some(v) = one_header(headers, IF_NONE_MATCH.as_str())? {
             if deletes {
-                return Err(S3Error::NotImplemented(
-                    "If-None-Match is not supported on DeleteObject".into(),
-                ));
+                return Err(not_implemented("If-None-Match on DeleteObject".into()));
             }
             if v != "*" {
-                return Err(S3Error::NotImplemented(format!(
-                    "If-None-Match on a write takes only `*` (create only if absent), not {v:?}"
+                return Err(not_implemented(format!(
+                    "If-None-Match: {v} (a write takes only `*`, create only if absent)"
                 )));
+            }
+            if c.if_match.is_some() {
+                return Err(not_implemented(
+                    "If-Match and If-None-Match together".into(),
+                ));
             }
             c.if_none_match = true;
         }
@@ -159,28 +179,33 @@ impl Conditions {
                 })?);
             }
         }
-        Ok((c != Conditions::default()).then_some(c))
+        if c == Conditions::default() {
+            return Ok(None);
+        }
+        if versioned && deletes {
+            return Err(not_implemented(
+                "conditions on the delete of a given version (versionId)".into(),
+            ));
+        }
+        Ok(Some(c))
     }
 
     /// Whether the conditions hold for the object as it is (`None`: there
     /// is none).
     pub fn judge(&self, current: Option<&Current>) -> Result<(), Failed> {
         let Some(cur) = current else {
-            // Absent: `If-None-Match` holds; any condition on what the
-            // object is cannot.
-            let on_version =
-                self.if_match.is_some() || self.last_modified.is_some() || self.size.is_some();
-            return if on_version {
-                Err(Failed::Missing)
-            } else {
-                Ok(())
+            // Absent: `If-Match` cannot hold; `If-None-Match` does, and so
+            // do a delete's size and time (there is nothing to delete).
+            return match self.if_match {
+                Some(_) => Err(Failed::Missing),
+                None => Ok(()),
             };
         };
         let holds = !self.if_none_match
             && self
                 .if_match
                 .as_ref()
-                .is_none_or(|tags| tags.iter().any(|t| t == "*" || *t == cur.etag))
+                .is_none_or(|t| t == "*" || *t == cur.etag)
             && self
                 .last_modified
                 .is_none_or(|t| cur.last_modified == Some(t))
@@ -209,7 +234,7 @@ mod tests {
     }
 
     fn of(op: Op, pairs: &[(&str, &str)]) -> Result<Option<Conditions>, S3Error> {
-        Conditions::of_request(&headers(pairs), op)
+        Conditions::of_request(&headers(pairs), op, false)
     }
 
     fn cur(etag: &str) -> Current {
@@ -237,11 +262,12 @@ mod tests {
         for (c, current, want) in table {
             assert_eq!(c.judge(current.as_ref()), want, "{c:?} on {current:?}");
         }
-        let any = put(&[("if-match", "*")]);
+        let any = del(&[("if-match", "*")]);
         assert_eq!(any.judge(Some(&cur("x"))), Ok(()));
         assert_eq!(any.judge(None), Err(Missing));
+        // A list is one (wrong) ETag to AWS.
         let list = put(&[("if-match", "\"a\", \"e1\"")]);
-        assert_eq!(list.judge(Some(&cur("e1"))), Ok(()));
+        assert_eq!(list.judge(Some(&cur("e1"))), Err(Precondition));
 
         let when = "Tue, 14 Nov 2023 22:13:20 GMT"; // 1_700_000_000
         let by_time = del(&[(X_AMZ_IF_MATCH_LAST_MODIFIED_TIME, when)]);
@@ -250,7 +276,7 @@ mod tests {
         let mut later = cur("e");
         later.last_modified = Some(1_700_000_001);
         assert_eq!(by_time.judge(Some(&later)), Err(Precondition));
-        assert_eq!(by_time.judge(None), Err(Missing));
+        assert_eq!(by_time.judge(None), Ok(()), "nothing to delete");
         let by_size = del(&[(X_AMZ_IF_MATCH_SIZE, "5")]);
         assert_eq!(by_size.judge(Some(&cur("e"))), Ok(()));
         let by_size = del(&[(X_AMZ_IF_MATCH_SIZE, "6")]);
@@ -271,6 +297,8 @@ mod tests {
         );
         for (op, bad) in [
             (Op::PutObject, ("if-none-match", "\"e1\"")),
+            (Op::PutObject, ("if-match", "*")),
+            (Op::CopyObject, ("if-match", "\"*\"")),
             (Op::DeleteObject, ("if-none-match", "*")),
             (Op::DeleteObject, (X_AMZ_IF_MATCH_SIZE, "-1")),
             (
@@ -282,6 +310,11 @@ mod tests {
             assert!(of(op, &[bad]).is_err(), "{op:?} {bad:?}");
         }
         assert!(of(Op::PutObject, &[("if-match", "a"), ("if-match", "b")]).is_err());
+        let h = headers(&[("if-match", "a")]);
+        assert!(Conditions::of_request(&h, Op::DeleteObject, true).is_err());
+        assert!(Conditions::of_request(&h, Op::PutObject, true).is_ok());
+        let both = of(Op::PutObject, &[("if-match", "a"), ("if-none-match", "*")]);
+        assert_eq!(both.unwrap_err().code(), "NotImplemented");
         assert_eq!(
             parse_time("2023-11-14T22:13:20.000Z"),
             Some(1_700_000_000),

@@ -67,7 +67,7 @@ impl Fields {
     fn conditions(&self) -> Result<Option<Conditions>, S3Error> {
         let mut c = Conditions::default();
         if let Some(e) = &self.etag {
-            c.if_match = Some(vec![bare_etag(e).to_string()]);
+            c.if_match = Some(bare_etag(e).to_string());
         }
         if let Some(t) = &self.last_modified {
             let secs = parse_time(t.trim())
@@ -245,6 +245,13 @@ impl Open {
                 let fields = self.object.take().expect("inside <Object>");
                 let conditions = fields.conditions()?;
                 let version_id = fields.version_id;
+                if conditions.is_some() && version_id.is_some() {
+                    return Err(S3Error::NotImplemented(
+                        "conditions on the delete of a given version (<VersionId> with \
+                         <ETag>, <LastModifiedTime> or <Size>) are not implemented"
+                            .into(),
+                    ));
+                }
                 let key = fields
                     .key
                     .ok_or_else(|| malformed("an <Object> without <Key>"))?;
@@ -302,7 +309,7 @@ mod tests {
         )
         .unwrap();
         let c = |i: usize| d.objects[i].conditions.clone();
-        assert_eq!(c(0).unwrap().if_match, Some(vec!["e1".to_string()]));
+        assert_eq!(c(0).unwrap().if_match.as_deref(), Some("e1"));
         assert_eq!(c(1).unwrap().last_modified, Some(1_700_000_000));
         assert_eq!(c(1).unwrap().size, Some(5));
         assert_eq!(c(2), None);
