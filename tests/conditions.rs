@@ -448,12 +448,7 @@ async fn the_probe_tells_that_garage_ignores_conditions() {
     );
     // The probe's object is gone again.
     let c = common::sdk(&fg.endpoint());
-    let listed = c
-        .list_objects_v2()
-        .bucket("demo")
-        .send()
-        .await
-        .unwrap();
+    let listed = c.list_objects_v2().bucket("demo").send().await.unwrap();
     assert_eq!(listed.key_count(), Some(0), "{listed:?}");
 }
 

@@ -1,0 +1,86 @@
+//! Real clients that fence themselves with conditional writes, through
+//! fencegate on Garage (which ignores every condition), each run by
+//! `tests/cas/cas_clients.py` with the client from PyPI, unmodified:
+//!
+//! - delta-rs: processes appending to one table at once lose no
+//!   acknowledged commit;
+//! - SlateDB: of two writers opening one database at once, exactly one is
+//!   fenced, and no write either was told is durable is lost;
+//! - Terraform's S3 state lock (`use_lockfile`): a second apply is refused
+//!   the lock while the first holds it.
+//!
+//! A short slice of each; `scripts/cas-clients` runs them at full size.
+//! The clients are pinned in scripts/test (target/smoke-venv). With
+//! `FENCEGATE_UNSAFE_NO_HOLD=1` the delta-rs and SlateDB tests fail.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The whole bucket is for CAS writers: no fencing token needed.
+const UNFENCED: &str = "[[rules]]\nbucket = \"demo\"\nprefix = \"\"\nmode = \"unfenced\"\n";
+
+fn python() -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/smoke-venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: scripts/test installs the pinned clients there",
+        venv.display()
+    );
+    venv
+}
+
+/// Runs one scenario of the script against fencegate on a fresh Garage.
+fn run(args: &[&str]) {
+    let garage = common::garage::Garage::start();
+    let fg = common::fencegate::Fencegate::start(garage.backend(), UNFENCED);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cas/cas_clients.py");
+    let scratch = common::scratch_dir();
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(fg.endpoint())
+        .arg("demo")
+        .args(args)
+        .current_dir(scratch.path())
+        .env("HOME", scratch.path())
+        .output()
+        .expect("run the CAS clients");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{args:?}:\n{}",
+        common::tail(&text, 60)
+    );
+    println!("{text}");
+}
+
+/// A size: the short slice's, or under `scripts/cas-clients`
+/// (`FENCEGATE_CAS_FULL=1`) the setting `name`'s or `full`.
+fn size(short: u32, name: &str, full: u32) -> String {
+    if std::env::var("FENCEGATE_CAS_FULL").as_deref() != Ok("1") {
+        return short.to_string();
+    }
+    std::env::var(name).unwrap_or_else(|_| full.to_string())
+}
+
+#[test]
+fn delta_rs_appenders_lose_no_acknowledged_commit() {
+    let processes = size(4, "CAS_DELTA_PROCESSES", 8);
+    let appends = size(5, "CAS_DELTA_APPENDS", 20);
+    run(&["delta", &processes, &appends]);
+}
+
+#[test]
+fn slatedb_writers_opening_at_once_leave_exactly_one() {
+    run(&["slatedb", &size(2, "CAS_SLATEDB_ROUNDS", 10)]);
+}
+
+#[test]
+fn terraform_state_lock_refuses_a_second_apply() {
+    run(&["terraform"]);
+}
