@@ -30,7 +30,10 @@
 //! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
 //! - [`fence::gate`]: the check, the durable raise, the ordering barrier.
 //! - [`fence::commit`]: the commit gate, holding a write's last body frame
-//!   until its permit confirms.
+//!   until its permit (and object hold) confirms.
+//! - [`fence::hold`]: the object hold, where a conditional write's check and
+//!   write become one step (CONTRACT §8); in cluster mode its keys are in
+//!   etcd (`cluster/holds.rs`).
 //! - [`fence::cluster`]: cluster mode, the fence table and barrier in etcd
 //!   (the admission transaction in `keys.rs`, the replica's lease in
 //!   `lease.rs`, the cross-replica wait in `wait.rs`, the watch, deletion
@@ -51,7 +54,12 @@
 //!   `x-amz-*` header names spelt once.
 //! - [`s3::chunked`]: aws-chunked decoding, chunk and trailer signatures.
 //! - [`s3::body`]: SHA-256 check, re-chunking for the backend.
-//! - [`s3::multi_delete`]: the keys of a DeleteObjects body.
+//! - [`s3::multi_delete`]: the keys of a DeleteObjects body, and their
+//!   conditions.
+//! - [`s3::conditions`]: a write's `If-None-Match` / `If-Match` / delete
+//!   conditions, read once, and AWS's verdict on an object.
+//! - [`s3::bucket_config`]: CreateBucket's body, its location constraint
+//!   rewritten for the backend's region.
 //! - [`s3::xml`]: the backend's XML answers fencegate reads.
 //! - [`s3::error`]: one error enum, rendered as S3 XML in one place.
 //!
@@ -60,18 +68,22 @@
 //! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`;
 //!   [`upstream::pool`]: the kept connections to the backend.
 //! - [`upstream::embedded`]: s3s-fs on a loopback port, the default store.
+//! - [`upstream::probe`]: whether the backend honours conditional writes
+//!   itself (shown on `/readyz`).
 //!
 //! A request's life (→ fence, s3, upstream, body, config, metric_names):
 //!
 //! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
 //!   exit, one log event; `outgoing.rs` builds the upstream request,
-//!   `forward.rs` does the exchange and keeps the permits until the answer
-//!   is complete, `copy.rs` and `multi_delete.rs` are CopyObject and
-//!   DeleteObjects, `conditional.rs` is `fence.conditional_writes`.
+//!   `forward.rs` does the exchange and keeps the permits and object hold
+//!   until the answer is complete, `copy.rs` and `multi_delete.rs` are
+//!   CopyObject and DeleteObjects, `conditional.rs` holds the object and
+//!   judges a write's conditions (and is `fence.conditional_writes`),
+//!   `small_body.rs` reads and rewrites the bodies read whole.
 //!
 //! Around it:
 //!
-//! - [`admin`] (→ fence, s3, body, config): health, readiness, fences,
+//! - [`admin`] (→ fence, s3, upstream, body, config): health, readiness, fences,
 //!   manual raise, `/metrics` (`admin::metrics` installs the recorder);
 //!   `admin::client` is `fencegate fences ...`; `admin::transfer` is
 //!   `fences export` and `import`.

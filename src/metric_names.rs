@@ -5,7 +5,7 @@
 //! (`admin::metrics`).
 
 /// Requests by `op` and `outcome` (forwarded, stale, missing, invalid,
-/// auth, busy, upstream_error, bad_request, internal).
+/// condition_failed, auth, busy, upstream_error, bad_request, internal).
 pub const REQUESTS: &str = "fencegate_requests_total";
 /// Fences raised (a durable write of a higher token).
 pub const RAISES: &str = "fencegate_fence_raises_total";
