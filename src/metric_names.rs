@@ -13,7 +13,8 @@ pub const RAISES: &str = "fencegate_fence_raises_total";
 pub const ADMISSION_WAIT: &str = "fencegate_admission_wait_seconds";
 /// Writes currently admitted and not yet finished upstream.
 pub const INFLIGHT_WRITES: &str = "fencegate_inflight_writes";
-/// Time from sending upstream to the backend's response head.
+/// Time from sending a fenced write upstream to the backend's response
+/// head.
 pub const UPSTREAM_LATENCY: &str = "fencegate_upstream_seconds";
 /// Request body bytes received from clients.
 pub const BYTES_IN: &str = "fencegate_bytes_in_total";
@@ -34,6 +35,12 @@ pub const EAGER_RAISES: &str = "fencegate_eager_raises_total";
 /// (`upstream::probe`). fencegate makes them hold either way, for writes
 /// through it.
 pub const BACKEND_HONOURS: &str = "fencegate_backend_honours_condition";
+
+/// Writes to a redb file that failed (a full disk, an I/O error), by
+/// `store`: `fences` (`fences.redb`) or `objects` (the embedded store's
+/// index). The file is reopened and retried by itself; `/readyz` says 503
+/// until a write goes through again.
+pub const STORE_WRITE_FAILURES: &str = "fencegate_store_write_failures_total";
 
 /// Resources whose fence is cached in memory (idle ones are evicted).
 pub const CACHED_FENCES: &str = "fencegate_cached_fences";

@@ -13,6 +13,7 @@ use crate::fence::store::RedbStore;
 use crate::metric_names as m;
 use crate::proxy::Proxy;
 use crate::s3::error::S3Error;
+use crate::store::Store;
 use crate::upstream::client::{BackendTarget, Upstream};
 use crate::upstream::embedded;
 use crate::upstream::probe::Probe;
@@ -33,17 +34,14 @@ use tokio_rustls::TlsAcceptor;
 #[error("{0}")]
 pub struct StartError(pub String);
 
-async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
+/// The backend to forward to, and the embedded store when it is that.
+async fn backend_target(cfg: &Config) -> Result<(BackendTarget, Option<Store>), StartError> {
     match cfg.backend.kind {
         BackendKind::Embedded => {
-            let dir = &cfg.server.data_dir;
-            embedded::start(
-                &dir.join("objects"),
-                &dir.join("embedded.key"),
-                &cfg.server.region,
-            )
-            .await
-            .map_err(StartError)
+            let (target, store) = embedded::start(&cfg.server.data_dir, &cfg.server.region)
+                .await
+                .map_err(StartError)?;
+            Ok((target, Some(store)))
         }
         BackendKind::S3 => {
             let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -71,7 +69,7 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
                 .clone()
                 .or_else(|| env("AWS_REGION"))
                 .unwrap_or_else(|| cfg.server.region.clone());
-            Ok(BackendTarget {
+            let target = BackendTarget {
                 endpoint: cfg
                     .backend
                     .endpoint
@@ -83,7 +81,8 @@ async fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
                 access_key_id,
                 secret_access_key,
                 virtual_host: cfg.backend.addressing == crate::config::Addressing::VirtualHost,
-            })
+            };
+            Ok((target, None))
         }
     }
 }
@@ -141,7 +140,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     };
     // After the recorder: the watchers report their state as metrics.
     crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
-    let target = backend_target(cfg).await?;
+    let (target, store) = backend_target(cfg).await?;
     let backend_desc = target.endpoint.to_string();
     let backend_addr = target
         .endpoint
@@ -179,6 +178,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         admin_token: cfg.admin_token(),
         backend_addr,
         probe,
+        store,
     });
     Ok(Services {
         proxy,
@@ -206,6 +206,7 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
             store_path.display()
         ))
     })?;
+    store.spawn_recovery();
     let mut gate = Gate::new(Arc::new(store), cfg.admission_wait());
     gate.set_max_slots(cfg.fence.max_cached_resources);
     unsafe_switches(&mut gate);

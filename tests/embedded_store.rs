@@ -1,9 +1,8 @@
-//! The embedded store keeps keys as file paths (s3s-fs), so `k` and `k/x`
-//! cannot both be objects, and a directory is not an object. What a client
-//! sees where the layout runs out: a clear 4xx that SDKs do not retry, never
-//! `500 InternalError`, never another object's bytes, and nothing lost
-//! (src/upstream/layout.rs). The bucket is unfenced here: what is tested is
-//! the store's answer, not the fence.
+//! The embedded store (src/store/) through fencegate, as an S3 client sees
+//! it: every key S3 allows, multipart as AWS does it, digests checked
+//! before anything lands, DeleteBucket only when empty, reads that honour
+//! their conditions. The bucket is unfenced here: what is tested is the
+//! store's answer, not the fence.
 
 mod common;
 
@@ -55,93 +54,100 @@ async fn get(c: &aws_sdk_s3::Client, key: &str) -> Result<Vec<u8>, (u16, String)
     }
 }
 
-async fn head(c: &aws_sdk_s3::Client, key: &str) -> u16 {
-    match c.head_object().bucket("demo").key(key).send().await {
-        Ok(_) => 200,
-        Err(e) => refusal(&e).0,
-    }
-}
-
+/// Every key S3 allows, through fencegate: `k` beside `k/x` and the folder
+/// marker `k/`, keys of 1024 bytes (ASCII and multi-byte), keys that begin
+/// or end with a space, each its own object, written, read, listed and
+/// deleted, by DeleteObject and by DeleteObjects.
 #[tokio::test]
-async fn keys_the_file_layout_cannot_hold_get_clear_answers_and_lose_nothing() {
-    let (_fg, c) = store().await;
-    put(&c, "k", b"object k").await.unwrap();
-    put(&c, "d/x", b"object d/x").await.unwrap();
-
-    // Writes the layout cannot hold: refused, with what to do about it.
-    let parent = (400, "XMinioParentIsObject".to_string());
-    let as_dir = (409, "XMinioObjectExistsAsDirectory".to_string());
-    assert_eq!(put(&c, "k/x", b"under k").await, Err(parent.clone()));
-    assert_eq!(put(&c, "k/", b"").await, Err(parent.clone()));
-    assert_eq!(put(&c, "d", b"over d/").await, Err(as_dir.clone()));
-    let copy = |dst: &'static str, src: &'static str| {
-        c.copy_object()
+async fn every_key_s3_allows_is_its_own_object() {
+    let (fg, c) = store().await;
+    let long_ascii = "k".repeat(1024);
+    let long_utf8 = "é".repeat(512);
+    let keys: Vec<String> = ["k", "k/x", "k/", "d/x", "d", "_ ", " lead", "trail ", "a b"]
+        .iter()
+        .map(|k| k.to_string())
+        .chain([long_ascii.clone(), long_utf8.clone()])
+        .collect();
+    for k in &keys {
+        let body = format!("object {k:?}").into_bytes();
+        let r = c
+            .put_object()
             .bucket("demo")
-            .key(dst)
-            .copy_source(format!("demo/{src}"))
+            .key(k)
+            .body(ByteStream::from(body))
             .send()
-    };
-    assert_eq!(outcome(copy("k/y", "d/x").await), Err(parent.clone()));
-    assert_eq!(outcome(copy("d", "k").await), Err(as_dir.clone()));
-    let create = c
-        .create_multipart_upload()
-        .bucket("demo")
-        .key("k/z")
-        .send()
-        .await;
-    assert_eq!(outcome(create), Err(parent));
-
-    // Reads of a key that is a directory, or of `k/` (the path of `k`):
-    // no such key, never a 500 and never k's bytes.
-    let no_such_key = (404, "NoSuchKey".to_string());
-    assert_eq!(get(&c, "d").await, Err(no_such_key.clone()));
-    assert_eq!(get(&c, "k/").await, Err(no_such_key.clone()));
-    assert_eq!(get(&c, "d/").await, Err(no_such_key.clone()));
-    assert_eq!((head(&c, "d").await, head(&c, "k/").await), (404, 404));
-    assert_eq!(outcome(copy("copied", "d").await), Err(no_such_key));
-
-    // Deletes of such keys: nothing to delete, and nothing else touched.
-    c.delete_object()
-        .bucket("demo")
-        .key("d")
-        .send()
+            .await;
+        if let Err(e) = r {
+            panic!("put {k:?}: {e:?}");
+        }
+    }
+    for k in &keys {
+        let want = format!("object {k:?}").into_bytes();
+        assert_eq!(get(&c, k).await.unwrap(), want, "{k:?}");
+    }
+    let listed = c.list_objects_v2().bucket("demo").send().await.unwrap();
+    let mut names: Vec<&str> = listed.contents().iter().filter_map(|o| o.key()).collect();
+    let mut want: Vec<&str> = keys.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    names.sort_unstable();
+    assert_eq!(names, want);
+    // A key that is one space (the Rust SDK cannot name it: raw requests).
+    let raw = common::raw::RawClient::new(&fg.endpoint());
+    let r = raw
+        .send(common::raw::RawRequest::put("/demo/%20", "space"))
         .await
         .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = raw
+        .send(common::raw::RawRequest::new(http::Method::GET, "/demo/%20"))
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.body.as_str()), (200, "space"));
+    let r = raw
+        .send(common::raw::RawRequest::new(
+            http::Method::DELETE,
+            "/demo/%20",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 204);
+    // Over 1024 bytes: refused (by fencegate, before the store).
+    let over = "k".repeat(1025);
+    assert_eq!(put(&c, &over, b"x").await.unwrap_err().0, 400);
+
+    // One by DeleteObject, the rest (spaces at either end included) in
+    // one DeleteObjects.
     c.delete_object()
         .bucket("demo")
         .key("k/")
         .send()
         .await
         .unwrap();
-    put(&c, "gone", b"to delete").await.unwrap();
-    let keys = ["d", "k/", "gone", "never"];
-    let objects = keys.map(|k| ObjectIdentifier::builder().key(k).build().unwrap());
+    assert_eq!(get(&c, "k").await.unwrap(), b"object \"k\"");
+    let rest: Vec<ObjectIdentifier> = keys
+        .iter()
+        .filter(|k| k.as_str() != "k/")
+        .map(|k| ObjectIdentifier::builder().key(k).build().unwrap())
+        .collect();
     let deleted = c
         .delete_objects()
         .bucket("demo")
-        .delete(
-            Delete::builder()
-                .set_objects(Some(objects.to_vec()))
-                .build()
-                .unwrap(),
-        )
+        .delete(Delete::builder().set_objects(Some(rest)).build().unwrap())
         .send()
         .await
         .unwrap();
-    let mut said: Vec<&str> = deleted.deleted().iter().filter_map(|d| d.key()).collect();
-    said.sort_unstable();
-    assert_eq!(said, ["d", "gone", "k/", "never"]);
     assert!(deleted.errors().is_empty(), "{:?}", deleted.errors());
-    assert_eq!(get(&c, "gone").await, Err((404, "NoSuchKey".to_string())));
-    assert_eq!(get(&c, "k").await.unwrap(), b"object k");
-    assert_eq!(get(&c, "d/x").await.unwrap(), b"object d/x");
+    assert_eq!(deleted.deleted().len(), keys.len() - 1);
+    let listed = c.list_objects_v2().bucket("demo").send().await.unwrap();
+    assert_eq!(listed.key_count(), Some(0), "{listed:?}");
 }
 
-/// A conflict that appears while a multipart upload is open is refused at
-/// Complete before the parts are consumed: the upload can be completed
-/// once the conflict is gone.
+/// Multipart as AWS does it: a part under 5 MiB (but the last) fails the
+/// completion with EntityTooSmall, a wrong part ETag with InvalidPart, and
+/// either leaves the upload to complete once it is right; the ETag is the
+/// MD5 of the parts' MD5s and their count.
 #[tokio::test]
-async fn a_complete_refused_by_the_layout_keeps_its_parts() {
+async fn multipart_rules_as_aws_has_them() {
     let (_fg, c) = store().await;
     let up = c
         .create_multipart_upload()
@@ -151,82 +157,65 @@ async fn a_complete_refused_by_the_layout_keeps_its_parts() {
         .await
         .unwrap();
     let id = up.upload_id().unwrap();
-    let part = c
-        .upload_part()
-        .bucket("demo")
-        .key("p")
-        .upload_id(id)
-        .part_number(1)
-        .body(ByteStream::from_static(b"the only part"))
-        .send()
-        .await
-        .unwrap();
-    let parts = CompletedMultipartUpload::builder()
-        .parts(
-            CompletedPart::builder()
-                .part_number(1)
-                .set_e_tag(part.e_tag().map(str::to_string))
-                .build(),
-        )
-        .build();
-    let complete = || {
+    let five_mib = vec![7u8; 5 << 20];
+    let upload = |n: i32, body: Vec<u8>| {
+        c.upload_part()
+            .bucket("demo")
+            .key("p")
+            .upload_id(id)
+            .part_number(n)
+            .body(ByteStream::from(body))
+            .send()
+    };
+    let small = upload(1, b"small".to_vec()).await.unwrap();
+    let last = upload(2, b"last".to_vec()).await.unwrap();
+    let part = |n: i32, etag: &str| CompletedPart::builder().part_number(n).e_tag(etag).build();
+    let complete = |parts: Vec<CompletedPart>| {
         c.complete_multipart_upload()
             .bucket("demo")
             .key("p")
             .upload_id(id)
-            .multipart_upload(parts.clone())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
             .send()
     };
-
-    put(&c, "p/q", b"makes p a directory").await.unwrap();
-    let refused = outcome(complete().await);
+    let too_small = complete(vec![
+        part(1, small.e_tag().unwrap()),
+        part(2, last.e_tag().unwrap()),
+    ]);
     assert_eq!(
-        refused,
-        Err((409, "XMinioObjectExistsAsDirectory".to_string()))
+        outcome(too_small.await),
+        Err((400, "EntityTooSmall".to_string()))
     );
-    let listed = c
-        .list_parts()
-        .bucket("demo")
-        .key("p")
-        .upload_id(id)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(listed.parts().len(), 1, "the part is still there");
-
-    c.delete_object()
-        .bucket("demo")
-        .key("p/q")
-        .send()
-        .await
-        .unwrap();
-    complete().await.unwrap();
-    assert_eq!(get(&c, "p").await.unwrap(), b"the only part");
-}
-
-/// s3s-fs names two metadata files after each key, in base64, so in bucket
-/// `demo` it can hold keys of up to 164 bytes (131 for a multipart upload,
-/// whose names carry the upload's id). A longer key is refused before
-/// anything is written; left alone, s3s-fs wrote the object's bytes and
-/// then answered 500.
-#[tokio::test]
-async fn a_key_too_long_for_the_stores_file_names_is_refused_before_it_lands() {
-    let (_fg, c) = store().await;
-    let too_long = (400, "KeyTooLongError".to_string());
-
-    let longest = "k".repeat(164);
-    put(&c, &longest, b"fits").await.unwrap();
-    assert_eq!(get(&c, &longest).await.unwrap(), b"fits");
-    let over = "k".repeat(165);
-    assert_eq!(put(&c, &over, b"does not fit").await, Err(too_long.clone()));
-    assert_eq!(get(&c, &over).await, Err((404, "NoSuchKey".to_string())));
-    let segment = format!("{}/x", "s".repeat(256));
-    assert_eq!(put(&c, &segment, b"x").await, Err(too_long.clone()));
-
-    let create = |key: String| c.create_multipart_upload().bucket("demo").key(key).send();
-    create("u".repeat(131)).await.unwrap();
-    let refused = outcome(create("u".repeat(132)).await);
-    assert_eq!(refused, Err(too_long));
+    let big = upload(1, five_mib.clone()).await.unwrap();
+    let wrong = complete(vec![
+        part(1, small.e_tag().unwrap()),
+        part(2, last.e_tag().unwrap()),
+    ]);
+    assert_eq!(outcome(wrong.await), Err((400, "InvalidPart".to_string())));
+    let done = complete(vec![
+        part(1, big.e_tag().unwrap()),
+        part(2, last.e_tag().unwrap()),
+    ])
+    .await
+    .unwrap();
+    let md5 = |b: &[u8]| {
+        use md5::Digest;
+        md5::Md5::digest(b).to_vec()
+    };
+    let mut both = md5(&five_mib);
+    both.extend(md5(b"last"));
+    let want = format!("\"{}-2\"", hex::encode(md5(&both)));
+    assert_eq!(done.e_tag(), Some(want.as_str()));
+    let mut body = five_mib;
+    body.extend_from_slice(b"last");
+    assert!(
+        get(&c, "p").await.unwrap() == body,
+        "the object is its parts, in order"
+    );
 }
 
 /// s3s-fs removed a bucket with every object in it, and made a missing

@@ -2,7 +2,8 @@
 //! the S3 port:
 //!
 //! - `GET /healthz`: the process is up;
-//! - `GET /readyz`: the fence store answers and the backend accepts
+//! - `GET /readyz`: the fence store answers and can write, the embedded
+//!   store (if it is the backend) can write, and the backend accepts
 //!   connections; it also shows whether the backend honours conditional
 //!   writes itself (`upstream::probe`);
 //! - `GET /fences?prefix=&limit=&after=`: recorded fences, paginated;
@@ -20,6 +21,7 @@ use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
 use crate::s3::query;
 use crate::s3::sigv4::same_signature;
+use crate::store::Store;
 use crate::upstream::probe::Probe;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -41,6 +43,8 @@ pub struct Admin {
     pub backend_addr: String,
     /// Whether the backend honours conditional writes itself.
     pub probe: Arc<Probe>,
+    /// The embedded store, when it is the backend (for readiness).
+    pub store: Option<Store>,
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ProxyBody> {
@@ -100,6 +104,18 @@ impl Admin {
             return json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"status": "not ready", "store": e.to_string()}),
+            );
+        }
+        if let Some(why) = self.gate.store().failing() {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "not ready", "store": why}),
+            );
+        }
+        if let Some(why) = self.store.as_ref().and_then(Store::failing) {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "not ready", "embedded_store": why}),
             );
         }
         let connect = tokio::net::TcpStream::connect(&self.backend_addr);

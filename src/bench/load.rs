@@ -28,6 +28,17 @@ pub enum Op {
     Get,
 }
 
+/// The condition each PUT carries (docs/conditional-writes.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Condition {
+    None,
+    /// `If-None-Match: *` on a fresh key each time (every PUT creates).
+    IfNoneMatch,
+    /// `If-Match` on the ETag of the worker's key, learnt from its
+    /// previous PUT (the first goes without).
+    IfMatch,
+}
+
 #[derive(Debug, Args)]
 pub struct LoadArgs {
     /// S3 endpoint, e.g. http://127.0.0.1:9000 (path-style addressing).
@@ -52,6 +63,9 @@ pub struct LoadArgs {
     /// Fencing token sent in the token header on every request.
     #[arg(long)]
     pub token: Option<u64>,
+    /// The condition every PUT carries.
+    #[arg(long, value_enum, default_value = "none")]
+    pub condition: Condition,
     #[arg(long, default_value = "x-fencing-token")]
     pub token_header: String,
     #[arg(long, env = "AWS_ACCESS_KEY_ID", default_value = "fencegate-demo")]
@@ -313,6 +327,10 @@ struct Worker {
     signer: Signer,
     key: String,
     token: Option<HeaderValue>,
+    /// The ETag of the worker's key after its last PUT (`--condition if-match`).
+    etag: Option<HeaderValue>,
+    /// PUTs sent (`--condition if-none-match` names a fresh key by it).
+    sent: u64,
 }
 
 impl Worker {
@@ -339,6 +357,24 @@ impl Worker {
             },
             key: sigv4::canonical_uri(&key),
             token: a.token.map(HeaderValue::from),
+            etag: None,
+            sent: 0,
+        }
+    }
+
+    /// The path and condition of the next timed PUT.
+    fn next_put(&mut self) -> (String, Option<(http::HeaderName, HeaderValue)>) {
+        self.sent += 1;
+        match self.plan.args.condition {
+            Condition::None => (self.key.clone(), None),
+            Condition::IfNoneMatch => (
+                format!("{}-{}", self.key, self.sent),
+                Some((http::header::IF_NONE_MATCH, HeaderValue::from_static("*"))),
+            ),
+            Condition::IfMatch => (
+                self.key.clone(),
+                self.etag.clone().map(|e| (http::header::IF_MATCH, e)),
+            ),
         }
     }
 
@@ -348,10 +384,16 @@ impl Worker {
             Op::Put => (Method::PUT, self.plan.args.size, self.plan.put_sha.clone()),
             Op::Get => (Method::GET, 0, EMPTY_SHA256.to_string()),
         };
-        let key = self.key.clone();
         while self.plan.take() {
+            let (key, condition) = match method {
+                Method::PUT => self.next_put(),
+                _ => (self.key.clone(), None),
+            };
             let t0 = Instant::now();
-            match self.send(method.clone(), &key, size, &sha).await {
+            match self
+                .send_with(method.clone(), &key, size, &sha, condition)
+                .await
+            {
                 Ok(s) if (200..300).contains(&s) => tally.record_ok(t0.elapsed()),
                 Ok(s) => tally.record_status(s, || format!("status {s} on {method} {key}")),
                 Err(e) => {
@@ -373,6 +415,19 @@ impl Worker {
         len: u64,
         sha: &str,
     ) -> Result<u16, String> {
+        self.send_with(method, path, len, sha, None).await
+    }
+
+    /// [`Worker::send`] with a condition header (not signed: only `x-amz-*`
+    /// headers must be). A 2xx answer's ETag is remembered for the next.
+    async fn send_with(
+        &mut self,
+        method: Method,
+        path: &str,
+        len: u64,
+        sha: &str,
+        condition: Option<(http::HeaderName, HeaderValue)>,
+    ) -> Result<u16, String> {
         let (date, authorization) = self.signer.sign(method.as_str(), path, sha);
         let mut req = Request::builder()
             .method(method)
@@ -387,6 +442,9 @@ impl Worker {
         if len > 0 {
             req = req.header(http::header::CONTENT_LENGTH, len);
         }
+        if let Some((name, value)) = condition {
+            req = req.header(name, value);
+        }
         let req = req
             .body(GenBody::new(len, &self.plan.block))
             .map_err(|e| e.to_string())?;
@@ -397,6 +455,11 @@ impl Worker {
             .await
             .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
         let status = resp.status().as_u16();
+        if resp.status().is_success()
+            && let Some(e) = resp.headers().get(http::header::ETAG)
+        {
+            self.etag = Some(e.clone());
+        }
         let mut body = resp.into_body();
         while let Some(frame) = body.frame().await {
             frame.map_err(|e| format!("reading the answer: {e}"))?;

@@ -14,24 +14,39 @@
 //!   ([`Mode::Shared`]), so those still go on side by side, as they would
 //!   without fencegate, but never while a conditional write holds it.
 //!
-//! Waiters are served in the order they came (tokio's `RwLock` is fair),
-//! so neither kind starves the other. A request that needs several objects
-//! (DeleteObjects) takes them one at a time in key order, which cannot
-//! deadlock: whoever waits at an object holds only objects before it. A
-//! wait longer than `admission_wait_ms` ends in `503 SlowDown`.
+//! Unconditional writes are nearly every write, so sharing must cost next
+//! to nothing: objects hash to one of [`STRIPES`] stripes, and an
+//! unconditional write only counts itself in its object's stripe (two
+//! atomic operations, no allocation, no table entry). A conditional write
+//! announces itself in the stripe, which turns newer unconditional writes
+//! there away to wait, waits until the stripe's count is zero, then takes
+//! its object's own lock (a table entry that lives while someone holds or
+//! waits for it), since other conditional writes in the stripe go on
+//! beside it. Objects that merely share a stripe wait for each other at
+//! most for one conditional write's duration.
 //!
-//! The table holds an entry only while some request holds or waits for
-//! its object, so memory follows the writes in flight, not the objects
-//! written. In cluster mode the hold is a key in etcd instead, under the
-//! replica's lease (`cluster/holds.rs`), so that it spans the replicas.
+//! Deadlock: a request takes its stripes in stripe order, and in a stripe
+//! first the announcement, then the object locks in name order, so whoever
+//! waits holds only what comes before. A request that writes several
+//! objects of one stripe (DeleteObjects) counts itself there once; if one
+//! of them is conditional, it holds all of them there alone. A wait longer
+//! than `admission_wait_ms` ends in `503 SlowDown`.
+//!
+//! In cluster mode the hold is a key in etcd instead, under the replica's
+//! lease (`cluster/holds.rs`), so that it spans the replicas.
 
 use super::cluster::{Cluster, Registration, WaitError};
 use dashmap::DashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::time::Duration;
-use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 use tokio::time::Instant;
+
+/// Stripes objects hash to: a conditional write makes unconditional
+/// writes to the other objects of its stripe wait, so there are many.
+pub const STRIPES: usize = 1 << 14;
 
 /// How a write holds its object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -61,7 +76,176 @@ pub fn object_name(bucket: &str, key: &str) -> String {
     s
 }
 
-type Table = DashMap<String, Arc<RwLock<()>>>;
+#[derive(Default)]
+struct Stripe {
+    /// Unconditional writes holding an object of this stripe.
+    shared: AtomicU32,
+    /// Conditional writes holding, or waiting to hold, objects of it.
+    alone: AtomicU32,
+    /// Woken when `shared` or `alone` comes down to zero.
+    changed: Notify,
+}
+
+impl Stripe {
+    /// Counts an unconditional write in, unless a conditional one is
+    /// announced. Both sides write their own count, then read the other's
+    /// (all sequentially consistent), so at least one sees the other.
+    fn try_share(&self) -> bool {
+        if self.alone.load(SeqCst) != 0 {
+            return false;
+        }
+        self.shared.fetch_add(1, SeqCst);
+        if self.alone.load(SeqCst) == 0 {
+            return true;
+        }
+        self.unshare();
+        false
+    }
+
+    fn unshare(&self) {
+        if self.shared.fetch_sub(1, SeqCst) == 1 {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn unannounce(&self) {
+        if self.alone.fetch_sub(1, SeqCst) == 1 {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Waits until `ready` holds (checked again after every change), up
+    /// to `deadline`.
+    async fn wait_until(&self, deadline: Instant, ready: impl Fn(&Stripe) -> bool) -> bool {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if ready(self) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return ready(self);
+            }
+        }
+    }
+}
+
+struct Table {
+    stripes: Box<[Stripe]>,
+    /// Objects held alone, or waited for, and their locks.
+    objects: DashMap<String, Arc<Mutex<()>>>,
+    hasher: std::hash::RandomState,
+}
+
+impl Table {
+    /// The stripe of `bucket/key`, hashed without building the name.
+    fn stripe_of_parts(&self, bucket: &str, key: &str) -> u32 {
+        let mut h = self.hasher.build_hasher();
+        h.write(bucket.as_bytes());
+        h.write_u8(b'/');
+        h.write(key.as_bytes());
+        (h.finish() % STRIPES as u64) as u32
+    }
+
+    /// The stripe of an [`object_name`].
+    fn stripe_of(&self, object: &str) -> u32 {
+        let (bucket, key) = object.split_once('/').unwrap_or((object, ""));
+        self.stripe_of_parts(bucket, key)
+    }
+}
+
+/// One object's lock, held by a conditional write. Dropping it removes the
+/// table entry when nobody else holds or waits for it: a new reference is
+/// only ever taken under the shard lock `remove_if` holds while it counts.
+struct ObjectLock {
+    table: Arc<Table>,
+    name: String,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Drop for ObjectLock {
+    fn drop(&mut self) {
+        self.guard = None;
+        self.table
+            .objects
+            .remove_if(&self.name, |_, lock| Arc::strong_count(lock) == 1);
+    }
+}
+
+/// A stripe a request counts itself in (shared) or is announced in (alone).
+struct StripeHold {
+    table: Arc<Table>,
+    stripe: u32,
+    alone: bool,
+}
+
+impl Drop for StripeHold {
+    fn drop(&mut self) {
+        let s = &self.table.stripes[self.stripe as usize];
+        if self.alone {
+            s.unannounce();
+        } else {
+            s.unshare();
+        }
+    }
+}
+
+/// A write's hold on its objects, let go when dropped. It travels with
+/// the upstream exchange, as the gate's permits do, and is kept for the
+/// quarantine when the exchange's outcome is unknown.
+pub struct ObjectHold {
+    // Field order is drop order: the object locks before the stripes.
+    locks: Vec<ObjectLock>,
+    /// The one stripe of a single object (no allocation for it).
+    stripe: Option<StripeHold>,
+    /// The others, when a request writes objects of several stripes.
+    stripes: Vec<StripeHold>,
+    shared: Vec<Registration>,
+    /// The backend was given the whole body (or a body-less request went).
+    sent: AtomicBool,
+}
+
+impl ObjectHold {
+    /// A hold of nothing (a request that changes no object).
+    pub fn none() -> ObjectHold {
+        ObjectHold {
+            locks: Vec::new(),
+            stripe: None,
+            stripes: Vec::new(),
+            shared: Vec::new(),
+            sent: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stripe.is_none() && self.shared.is_empty()
+    }
+
+    fn push(&mut self, s: StripeHold) {
+        match self.stripe {
+            None => self.stripe = Some(s),
+            Some(_) => self.stripes.push(s),
+        }
+    }
+
+    /// Called before the last bytes of the write go upstream. In cluster
+    /// mode, false when this replica's lease may have lapsed: another
+    /// replica may then hold the object, and the write must not complete.
+    pub fn body_complete(&self) -> bool {
+        if !self.shared.iter().all(Registration::fresh) {
+            return false;
+        }
+        self.sent.store(true, SeqCst);
+        true
+    }
+
+    /// Whether the backend was given the whole request: after that, a lost
+    /// answer does not mean the write did not happen.
+    pub fn body_was_complete(&self) -> bool {
+        self.sent.load(SeqCst)
+    }
+}
 
 /// Every object held now, on this replica or (in cluster mode) on all.
 pub struct Holds {
@@ -72,75 +256,15 @@ pub struct Holds {
     off: bool,
 }
 
-enum Guard {
-    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
-    Alone(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
-}
-
-/// One object held in this process.
-struct Local {
-    table: Arc<Table>,
-    name: String,
-    guard: Option<Guard>,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        self.guard = None;
-        // The entry goes when nobody else holds or waits for it. A new
-        // reference is only ever taken under the shard lock `remove_if`
-        // holds while it counts, so an entry in use is never removed.
-        self.table
-            .remove_if(&self.name, |_, lock| Arc::strong_count(lock) == 1);
-    }
-}
-
-/// A write's hold on its objects, let go when dropped. It travels with
-/// the upstream exchange, as the gate's permits do, and is kept for the
-/// quarantine when the exchange's outcome is unknown.
-pub struct ObjectHold {
-    local: Vec<Local>,
-    shared: Vec<Registration>,
-    /// The backend was given the whole body (or a body-less request went).
-    sent: AtomicBool,
-}
-
-impl ObjectHold {
-    /// A hold of nothing (a request that changes no object).
-    pub fn none() -> ObjectHold {
-        ObjectHold {
-            local: Vec::new(),
-            shared: Vec::new(),
-            sent: AtomicBool::new(false),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.local.is_empty() && self.shared.is_empty()
-    }
-
-    /// Called before the last bytes of the write go upstream. In cluster
-    /// mode, false when this replica's lease may have lapsed: another
-    /// replica may then hold the object, and the write must not complete.
-    pub fn body_complete(&self) -> bool {
-        if !self.shared.iter().all(Registration::fresh) {
-            return false;
-        }
-        self.sent.store(true, Ordering::SeqCst);
-        true
-    }
-
-    /// Whether the backend was given the whole request: after that, a lost
-    /// answer does not mean the write did not happen.
-    pub fn body_was_complete(&self) -> bool {
-        self.sent.load(Ordering::SeqCst)
-    }
-}
-
 impl Holds {
     pub fn new(wait: Duration, cluster: Option<Arc<Cluster>>) -> Holds {
+        let stripes = (0..STRIPES).map(|_| Stripe::default()).collect();
         Holds {
-            table: Arc::new(DashMap::new()),
+            table: Arc::new(Table {
+                stripes,
+                objects: DashMap::new(),
+                hasher: std::hash::RandomState::new(),
+            }),
             wait,
             cluster,
             off: false,
@@ -153,68 +277,165 @@ impl Holds {
         self.off = off;
     }
 
-    /// Objects held or waited for in this process now (tests, memory).
+    /// Objects held alone or waited for in this process now (tests).
     pub fn entries(&self) -> usize {
-        self.table.len()
+        self.table.objects.len()
     }
 
-    /// Holds every object of `objects` (names from [`object_name`]), one at
-    /// a time in name order; an object named twice is held once, alone if
-    /// either asks for that. Gives up after `admission_wait_ms`.
-    pub async fn hold(&self, mut objects: Vec<(String, Mode)>) -> Result<ObjectHold, HoldError> {
+    /// The unconditional write's way: shares `bucket/key` at once, without
+    /// waiting, when nothing conditional is in its stripe. `None`: take
+    /// [`Holds::hold`].
+    pub fn try_share(&self, bucket: &str, key: &str) -> Option<ObjectHold> {
+        if self.off {
+            return Some(ObjectHold::none());
+        }
+        if self.cluster.is_some() {
+            return None;
+        }
+        let stripe = self.table.stripe_of_parts(bucket, key);
+        if !self.table.stripes[stripe as usize].try_share() {
+            return None;
+        }
+        let mut held = ObjectHold::none();
+        held.stripe = Some(StripeHold {
+            table: self.table.clone(),
+            stripe,
+            alone: false,
+        });
+        Some(held)
+    }
+
+    /// Holds every object of `objects` (names from [`object_name`]); an
+    /// object named twice is held once, alone if either asks for that.
+    /// Gives up after `admission_wait_ms`.
+    pub async fn hold(&self, objects: Vec<(String, Mode)>) -> Result<ObjectHold, HoldError> {
         if self.off {
             return Ok(ObjectHold::none());
         }
-        objects.sort();
-        // Sorted by name, then Shared before Alone: keep the last of each.
-        objects.reverse();
-        objects.dedup_by(|later, kept| later.0 == kept.0);
-        objects.reverse();
         let deadline = Instant::now() + self.wait;
-        let mut held = ObjectHold::none();
-        for (name, mode) in objects {
-            match &self.cluster {
-                Some(c) => match c.hold(&name, mode == Mode::Alone, deadline).await {
-                    Ok(r) => held.shared.push(r),
-                    Err(WaitError::TimedOut) => return Err(HoldError::Busy(name)),
-                    Err(WaitError::Failed(e)) => return Err(HoldError::Unavailable(e.to_string())),
-                },
-                None => held.local.push(self.hold_here(name, mode, deadline).await?),
-            }
+        match &self.cluster {
+            Some(c) => hold_in_etcd(c, objects, deadline).await,
+            None => self.hold_here(objects, deadline).await,
         }
-        Ok(held)
     }
 
     async fn hold_here(
         &self,
-        name: String,
-        mode: Mode,
+        objects: Vec<(String, Mode)>,
         deadline: Instant,
-    ) -> Result<Local, HoldError> {
-        let lock = self.table.entry(name.clone()).or_default().clone();
-        // Dropped on every way out, so that a timed-out or cancelled wait
-        // also removes an entry nobody else uses.
-        let mut local = Local {
-            table: self.table.clone(),
-            name,
-            guard: None,
-        };
-        let guard = match mode {
-            Mode::Shared => tokio::time::timeout_at(deadline, lock.read_owned())
-                .await
-                .map(Guard::Shared),
-            Mode::Alone => tokio::time::timeout_at(deadline, lock.write_owned())
-                .await
-                .map(Guard::Alone),
-        };
-        match guard {
-            Ok(g) => {
-                local.guard = Some(g);
-                Ok(local)
+    ) -> Result<ObjectHold, HoldError> {
+        let t = &self.table;
+        let mut plan: Vec<(u32, String, Mode)> = objects
+            .into_iter()
+            .map(|(name, mode)| (t.stripe_of(&name), name, mode))
+            .collect();
+        plan.sort();
+        let mut held = ObjectHold::none();
+        let mut i = 0;
+        while i < plan.len() {
+            let stripe = plan[i].0;
+            let end = plan[i..]
+                .iter()
+                .position(|p| p.0 != stripe)
+                .map_or(plan.len(), |n| i + n);
+            let here = &plan[i..end];
+            if here.iter().any(|p| p.2 == Mode::Alone) {
+                let mut names: Vec<&str> = here.iter().map(|p| p.1.as_str()).collect();
+                names.dedup();
+                self.hold_alone(stripe, &names, deadline, &mut held).await?;
+            } else {
+                self.hold_shared(stripe, &here[0].1, deadline, &mut held)
+                    .await?;
             }
-            Err(_) => Err(HoldError::Busy(local.name.clone())),
+            i = end;
+        }
+        Ok(held)
+    }
+
+    /// Counts the request in `stripe`, waiting while a conditional write
+    /// is announced there.
+    async fn hold_shared(
+        &self,
+        stripe: u32,
+        name: &str,
+        deadline: Instant,
+        held: &mut ObjectHold,
+    ) -> Result<(), HoldError> {
+        let s = &self.table.stripes[stripe as usize];
+        while !s.try_share() {
+            if !s.wait_until(deadline, |s| s.alone.load(SeqCst) == 0).await {
+                return Err(HoldError::Busy(name.to_string()));
+            }
+        }
+        held.push(StripeHold {
+            table: self.table.clone(),
+            stripe,
+            alone: false,
+        });
+        Ok(())
+    }
+
+    /// Announces the request in `stripe`, waits until no unconditional
+    /// write holds anything there, then takes the locks of `names`.
+    async fn hold_alone(
+        &self,
+        stripe: u32,
+        names: &[&str],
+        deadline: Instant,
+        held: &mut ObjectHold,
+    ) -> Result<(), HoldError> {
+        let s = &self.table.stripes[stripe as usize];
+        s.alone.fetch_add(1, SeqCst);
+        // Counted from here on: dropped on every way out.
+        held.push(StripeHold {
+            table: self.table.clone(),
+            stripe,
+            alone: true,
+        });
+        let busy = || HoldError::Busy(names[0].to_string());
+        if !s.wait_until(deadline, |s| s.shared.load(SeqCst) == 0).await {
+            return Err(busy());
+        }
+        for name in names {
+            let lock = self
+                .table
+                .objects
+                .entry(name.to_string())
+                .or_default()
+                .clone();
+            let mut object = ObjectLock {
+                table: self.table.clone(),
+                name: name.to_string(),
+                guard: None,
+            };
+            let guard = tokio::time::timeout_at(deadline, lock.lock_owned()).await;
+            object.guard = Some(guard.map_err(|_| busy())?);
+            held.locks.push(object);
+        }
+        Ok(())
+    }
+}
+
+/// Cluster mode: each object's key in etcd, one at a time in name order.
+async fn hold_in_etcd(
+    c: &Arc<Cluster>,
+    mut objects: Vec<(String, Mode)>,
+    deadline: Instant,
+) -> Result<ObjectHold, HoldError> {
+    objects.sort();
+    // Sorted by name, then Shared before Alone: keep the last of each.
+    objects.reverse();
+    objects.dedup_by(|later, kept| later.0 == kept.0);
+    objects.reverse();
+    let mut held = ObjectHold::none();
+    for (name, mode) in objects {
+        match c.hold(&name, mode == Mode::Alone, deadline).await {
+            Ok(r) => held.shared.push(r),
+            Err(WaitError::TimedOut) => return Err(HoldError::Busy(name)),
+            Err(WaitError::Failed(e)) => return Err(HoldError::Unavailable(e.to_string())),
         }
     }
+    Ok(held)
 }
 
 #[cfg(test)]
@@ -232,7 +453,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn shared_holds_go_together_and_alone_waits_for_them() {
         let h = holds();
-        let a = h.hold(one("b/k", Mode::Shared)).await.unwrap();
+        let a = h.try_share("b", "k").unwrap();
         let b = h.hold(one("b/k", Mode::Shared)).await.unwrap();
         let h2 = h.clone();
         let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone)).await });
@@ -243,10 +464,15 @@ mod tests {
         assert!(!alone.is_finished());
         drop(b);
         let alone = alone.await.unwrap().unwrap();
-        // Another object is not held up.
+        assert!(
+            h.try_share("b", "k").is_none(),
+            "a shared write waits for an alone one"
+        );
+        // Another object's conditional write goes beside it.
         drop(h.hold(one("b/other", Mode::Alone)).await.unwrap());
         drop(alone);
-        assert_eq!(h.entries(), 0, "nothing held, nothing kept");
+        assert!(h.try_share("b", "k").is_some());
+        assert_eq!(h.entries(), 0, "nothing held alone, nothing kept");
     }
 
     #[tokio::test(start_paused = true)]
@@ -265,21 +491,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn waiters_are_served_in_order() {
+    async fn a_waiting_conditional_write_is_not_overtaken() {
         // A shared write that comes after a waiting conditional one does not
         // overtake it (else a stream of unconditional writes could starve it).
         let h = holds();
-        let first = h.hold(one("b/k", Mode::Shared)).await.unwrap();
+        let first = h.try_share("b", "k").unwrap();
         let h2 = h.clone();
         let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone)).await });
         tokio::task::yield_now().await;
+        assert!(
+            h.try_share("b", "k").is_none(),
+            "a later shared write overtook a waiting alone"
+        );
         let h3 = h.clone();
         let late = tokio::spawn(async move { h3.hold(one("b/k", Mode::Shared)).await });
         tokio::task::yield_now().await;
-        assert!(
-            !late.is_finished(),
-            "a later shared write overtook a waiting alone"
-        );
         drop(first);
         let alone = alone.await.unwrap().unwrap();
         tokio::task::yield_now().await;
@@ -289,28 +515,58 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn several_objects_are_held_in_order_without_deadlock() {
+    async fn conditional_writes_of_one_object_take_turns() {
+        let h = holds();
+        let first = h.hold(one("b/k", Mode::Alone)).await.unwrap();
+        let h2 = h.clone();
+        let second = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone)).await });
+        tokio::task::yield_now().await;
+        assert!(!second.is_finished());
+        drop(first);
+        drop(second.await.unwrap().unwrap());
+        assert_eq!(h.entries(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn several_objects_are_held_without_deadlock() {
+        // Requests naming the same objects in other orders and modes (what
+        // DeleteObjects sends), among unconditional writes of each object.
         let h = holds();
         let mut tasks = Vec::new();
-        for i in 0..8 {
-            let h = h.clone();
+        for i in 0..16 {
+            let many = h.clone();
             tasks.push(tokio::spawn(async move {
-                let mut names = vec![
-                    ("b/x".to_string(), Mode::Alone),
-                    ("b/y".to_string(), Mode::Alone),
-                    ("b/x".to_string(), Mode::Shared),
-                ];
-                if i % 2 == 0 {
-                    names.reverse();
-                }
-                let held = h.hold(names).await.unwrap();
-                assert_eq!(held.local.len(), 2, "b/x named twice is held once");
+                let mut names: Vec<(String, Mode)> = (0..6)
+                    .map(|o| {
+                        let mode = if (i + o) % 3 == 0 {
+                            Mode::Alone
+                        } else {
+                            Mode::Shared
+                        };
+                        (format!("b/{o}"), mode)
+                    })
+                    .collect();
+                names.rotate_left(i % 6);
+                names.push(names[0].clone());
+                let held = many.hold(names).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(held);
+            }));
+            let single = h.clone();
+            tasks.push(tokio::spawn(async move {
+                let held = single
+                    .hold(one(&format!("b/{}", i % 6), Mode::Shared))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(held.unwrap());
             }));
         }
         for t in tasks {
             t.await.unwrap();
         }
         assert_eq!(h.entries(), 0);
+        for s in h.table.stripes.iter() {
+            assert_eq!((s.shared.load(SeqCst), s.alone.load(SeqCst)), (0, 0));
+        }
     }
 }

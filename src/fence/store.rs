@@ -5,6 +5,8 @@
 //! fencegate replicas (etcd, say) can replace the embedded one without
 //! touching the check in `gate.rs`.
 
+use crate::metric_names as m;
+use crate::redb_file::DbFile;
 use futures_util::future::BoxFuture;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::path::Path;
@@ -59,11 +61,18 @@ pub trait FenceStore: Send + Sync + 'static {
 
     /// Forgets `upload` (completed or aborted).
     fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Why raises cannot be made durable now, if they cannot (a full
+    /// disk: readiness says it until they can).
+    fn failing(&self) -> Option<String> {
+        None
+    }
 }
 
-/// The embedded store: one redb file, `fences.redb`, in the data directory.
+/// The embedded store: one redb file, `fences.redb`, in the data directory,
+/// reopened by itself after a disk error (`redb_file.rs`).
 pub struct RedbStore {
-    db: Arc<Database>,
+    file: Arc<DbFile>,
 }
 
 /// redb's page cache. Fences are looked up once per resource and then kept
@@ -99,10 +108,8 @@ impl RedbStore {
                 path.display()
             )));
         }
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+        let file = DbFile::open(path, CACHE_BYTES).map_err(StoreError)?;
+        let db = file.read().map_err(StoreError)?;
         // Make sure the table exists and is readable now, not on first use.
         let txn = db.begin_write().map_err(store_err)?;
         txn.open_table(FENCES)
@@ -118,7 +125,38 @@ impl RedbStore {
         }
         drop(table);
         drop(read);
-        Ok(RedbStore { db: Arc::new(db) })
+        drop(db);
+        Ok(RedbStore { file })
+    }
+
+    /// Keeps the file writable after a disk error, by itself (needs a
+    /// runtime).
+    pub fn spawn_recovery(&self) {
+        self.file.spawn_recovery(std::time::Duration::from_secs(1));
+    }
+
+    /// Runs a read on the current handle.
+    fn reading<T>(
+        file: &DbFile,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let db = file.read().map_err(StoreError)?;
+        f(&db)
+    }
+
+    /// Runs a write on the current handle; a storage error marks the file
+    /// failing (and to be reopened), and is counted.
+    fn writing<T>(
+        file: &DbFile,
+        f: impl FnOnce(&Database) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        let db = file.write().map_err(StoreError)?;
+        f(&db).map_err(|e| {
+            drop(db);
+            file.failed(&e);
+            metrics::counter!(m::STORE_WRITE_FAILURES, "store" => "fences").increment(1);
+            StoreError(format!("{}: {e}", file.path().display()))
+        })
     }
 
     fn get_blocking(db: &Database, resource: &str) -> Result<Option<u64>, StoreError> {
@@ -127,23 +165,21 @@ impl RedbStore {
         Ok(table.get(resource).map_err(store_err)?.map(|v| v.value().0))
     }
 
-    fn raise_blocking(db: &Database, resource: &str, token: u64) -> Result<u64, StoreError> {
-        let txn = db.begin_write().map_err(store_err)?;
+    fn raise_blocking(db: &Database, resource: &str, token: u64) -> Result<u64, redb::Error> {
+        let txn = db.begin_write()?;
         let highest = {
-            let mut table = txn.open_table(FENCES).map_err(store_err)?;
-            let current = table.get(resource).map_err(store_err)?.map(|v| v.value().0);
+            let mut table = txn.open_table(FENCES)?;
+            let current = table.get(resource)?.map(|v| v.value().0);
             match current {
                 Some(h) if h >= token => h,
                 _ => {
-                    table
-                        .insert(resource, (token, now_ms()))
-                        .map_err(store_err)?;
+                    table.insert(resource, (token, now_ms()))?;
                     token
                 }
             }
         };
         // redb commits with immediate durability (fsync) by default.
-        txn.commit().map_err(store_err)?;
+        txn.commit()?;
         Ok(highest)
     }
 
@@ -181,16 +217,16 @@ impl RedbStore {
 }
 
 impl RedbStore {
-    fn record_upload_blocking(db: &Database, upload: &str, token: u64) -> Result<(), StoreError> {
-        let txn = db.begin_write().map_err(store_err)?;
+    fn record_upload_blocking(db: &Database, upload: &str, token: u64) -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
         {
-            let mut table = txn.open_table(UPLOADS).map_err(store_err)?;
-            if table.len().map_err(store_err)? >= MAX_OPEN_UPLOADS {
+            let mut table = txn.open_table(UPLOADS)?;
+            if table.len()? >= MAX_OPEN_UPLOADS {
                 return Ok(());
             }
-            table.insert(upload, token).map_err(store_err)?;
+            table.insert(upload, token)?;
         }
-        txn.commit().map_err(store_err)
+        Ok(txn.commit()?)
     }
 
     fn upload_token_blocking(db: &Database, upload: &str) -> Result<Option<u64>, StoreError> {
@@ -199,13 +235,10 @@ impl RedbStore {
         Ok(table.get(upload).map_err(store_err)?.map(|v| v.value()))
     }
 
-    fn forget_upload_blocking(db: &Database, upload: &str) -> Result<(), StoreError> {
-        let txn = db.begin_write().map_err(store_err)?;
-        txn.open_table(UPLOADS)
-            .map_err(store_err)?
-            .remove(upload)
-            .map_err(store_err)?;
-        txn.commit().map_err(store_err)
+    fn forget_upload_blocking(db: &Database, upload: &str) -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(UPLOADS)?.remove(upload)?;
+        Ok(txn.commit()?)
     }
 }
 
@@ -219,16 +252,16 @@ async fn blocking<T: Send + 'static>(
 
 impl FenceStore for RedbStore {
     fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
-        let db = self.db.clone();
-        let resource = resource.to_string();
-        Box::pin(blocking(move || Self::get_blocking(&db, &resource)))
+        let (file, resource) = (self.file.clone(), resource.to_string());
+        Box::pin(blocking(move || {
+            Self::reading(&file, |db| Self::get_blocking(db, &resource))
+        }))
     }
 
     fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
-        let db = self.db.clone();
-        let resource = resource.to_string();
+        let (file, resource) = (self.file.clone(), resource.to_string());
         Box::pin(blocking(move || {
-            Self::raise_blocking(&db, &resource, token)
+            Self::writing(&file, |db| Self::raise_blocking(db, &resource, token))
         }))
     }
 
@@ -238,29 +271,38 @@ impl FenceStore for RedbStore {
         after: Option<&str>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>> {
-        let db = self.db.clone();
-        let prefix = prefix.to_string();
+        let (file, prefix) = (self.file.clone(), prefix.to_string());
         let after = after.map(str::to_string);
         Box::pin(blocking(move || {
-            Self::list_blocking(&db, &prefix, after.as_deref(), limit)
+            Self::reading(&file, |db| {
+                Self::list_blocking(db, &prefix, after.as_deref(), limit)
+            })
         }))
     }
 
     fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>> {
-        let (db, upload) = (self.db.clone(), upload.to_string());
+        let (file, upload) = (self.file.clone(), upload.to_string());
         Box::pin(blocking(move || {
-            Self::record_upload_blocking(&db, &upload, token)
+            Self::writing(&file, |db| Self::record_upload_blocking(db, &upload, token))
         }))
     }
 
     fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
-        let (db, upload) = (self.db.clone(), upload.to_string());
-        Box::pin(blocking(move || Self::upload_token_blocking(&db, &upload)))
+        let (file, upload) = (self.file.clone(), upload.to_string());
+        Box::pin(blocking(move || {
+            Self::reading(&file, |db| Self::upload_token_blocking(db, &upload))
+        }))
     }
 
     fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>> {
-        let (db, upload) = (self.db.clone(), upload.to_string());
-        Box::pin(blocking(move || Self::forget_upload_blocking(&db, &upload)))
+        let (file, upload) = (self.file.clone(), upload.to_string());
+        Box::pin(blocking(move || {
+            Self::writing(&file, |db| Self::forget_upload_blocking(db, &upload))
+        }))
+    }
+
+    fn failing(&self) -> Option<String> {
+        self.file.failing()
     }
 }
 

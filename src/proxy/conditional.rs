@@ -59,9 +59,6 @@ impl Proxy {
         let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
             return Ok(Arc::new(ObjectHold::none()));
         };
-        if !op.op.changes_object() {
-            return Ok(Arc::new(ObjectHold::none()));
-        }
         let object = object_name(bucket, key);
         let mode = if conditions.is_some() {
             Mode::Alone
@@ -80,6 +77,27 @@ impl Proxy {
                 .map_err(|f| f.error(&object))?;
         }
         Ok(Arc::new(hold))
+    }
+
+    /// The common case of phase 6b, without an await: a request that
+    /// changes no object holds none, and an unconditional write shares its
+    /// object at once when nothing conditional is near it. `None`: the
+    /// request takes [`Proxy::hold_object`].
+    pub(super) fn hold_at_once(
+        &self,
+        op: &Operation,
+        conditions: Option<&Conditions>,
+    ) -> Option<Arc<ObjectHold>> {
+        let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
+            return Some(Arc::new(ObjectHold::none()));
+        };
+        if !op.op.changes_object() {
+            return Some(Arc::new(ObjectHold::none()));
+        }
+        if conditions.is_some() {
+            return None;
+        }
+        self.gate.holds().try_share(bucket, key).map(Arc::new)
     }
 
     /// The object as the backend has it now, by a HEAD with fencegate's

@@ -72,13 +72,17 @@ impl Proxy {
             quarantine: self.quarantine,
             idle: upstream.timeout(),
         };
-        let sent = Instant::now();
+        // Timed for fenced writes, as before holds: an unconditional write
+        // that only shares its object costs no clock reads here.
+        let sent = (!hold.permits.is_empty()).then(Instant::now);
         let mut pending = PendingHead {
             sending: Some(Box::pin(async move { upstream.send(out).await })),
             hold: Some(hold),
         };
         let result = std::future::poll_fn(|cx| pending.poll_head(cx)).await;
-        m::handles::upstream_latency().record(sent.elapsed().as_secs_f64());
+        if let Some(sent) = sent {
+            m::handles::upstream_latency().record(sent.elapsed().as_secs_f64());
+        }
         let hold = pending.hold.take().expect("held until the head arrives");
         let resp = match result {
             Ok(resp) => resp,
@@ -179,7 +183,9 @@ impl Body for HeldBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.hold.is_none()
+        // An answer complete at its head (no body) is not polled at all: its
+        // hold is settled when it is dropped, as a complete answer's is.
+        self.hold.is_none() || self.inner.as_ref().is_some_and(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

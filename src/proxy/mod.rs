@@ -269,12 +269,15 @@ impl Proxy {
         }
         let verified = self.authenticate(ctx, &head, &query)?;
         let op = self.classify(ctx, &head, &query)?;
+        self.authorize(&verified, &op)?;
         let versioned = query::has_query_param(&query, "versionId");
         let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
-        self.authorize(&verified, &op)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
         let fenced = self.fence(ctx, &op, token).await?;
-        let hold = Box::pin(self.hold_object(&head.headers, &op, conditions.as_ref())).await?;
+        let hold = match self.hold_at_once(&op, conditions.as_ref()) {
+            Some(hold) => hold,
+            None => Box::pin(self.hold_object(&head.headers, &op, conditions.as_ref())).await?,
+        };
         let admitted = Admitted {
             verified,
             op,

@@ -200,10 +200,47 @@ pub(super) async fn with_refused(
     let bytes = read_small_body(body, 8 << 20).await?;
     let text = std::str::from_utf8(&bytes)
         .map_err(|_| S3Error::BadGateway("the backend's DeleteResult is not UTF-8".into()))?;
-    let end = text.rfind("</DeleteResult>").ok_or_else(|| {
+    let merged = merged_result(text, refused).ok_or_else(|| {
         S3Error::BadGateway("the backend's DeleteObjects answer is not a DeleteResult".into())
     })?;
-    let merged = format!("{}{}{}", &text[..end], refused_xml(refused), &text[end..]);
     parts.headers.remove(CONTENT_LENGTH);
     Ok(Response::from_parts(parts, full(merged)))
+}
+
+/// `result` (a DeleteResult) with the refused keys' errors added at its end.
+fn merged_result(result: &str, refused: &[(String, Failed)]) -> Option<String> {
+    let errors = refused_xml(refused);
+    if let Some(end) = result.rfind("</DeleteResult>") {
+        return Some(format!("{}{errors}{}", &result[..end], &result[end..]));
+    }
+    // An empty result may be one element, `<DeleteResult .../>`.
+    let open = result.find("<DeleteResult")?;
+    let end = result[open..].find("/>")? + open;
+    Some(format!(
+        "{}>{errors}</DeleteResult>{}",
+        &result[..end],
+        &result[end + 2..]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_keys_join_the_backends_result_whatever_its_form() {
+        let refused = [("a<b".to_string(), Failed::Precondition)];
+        let full = "<?xml version=\"1.0\"?><DeleteResult xmlns=\"x\"><Deleted><Key>k</Key></Deleted></DeleteResult>";
+        let empty = "<?xml version=\"1.0\"?>\n<DeleteResult xmlns=\"x\"/>";
+        for result in [full, empty] {
+            let merged = merged_result(result, &refused).unwrap();
+            let parsed = crate::s3::xml::is_error(merged.as_bytes());
+            assert!(!parsed, "{merged}");
+            assert!(
+                merged.ends_with("<Error><Key>a&lt;b</Key><Code>PreconditionFailed</Code><Message>At least one of the pre-conditions you specified did not hold (a&lt;b)</Message></Error></DeleteResult>"),
+                "{merged}"
+            );
+        }
+        assert_eq!(merged_result("<Error/>", &refused), None);
+    }
 }

@@ -47,7 +47,6 @@ impl Proxy {
         let out = self.upstream_head(head, admitted)?;
         let fenced = &admitted.fenced;
         let resource = fenced.resource.clone().unwrap_or_default();
-        let object = admitted.op.key.clone().unwrap_or_default();
         let hold = (!admitted.hold.is_empty()).then(|| admitted.hold.clone());
         let gated = |frames| {
             commit_gate(
@@ -56,7 +55,7 @@ impl Proxy {
                 hold,
                 move |stop| match stop {
                     Stop::Aborted(p) => S3Error::aborted(p, &resource),
-                    Stop::HoldLapsed => S3Error::lease_lapsed(&object),
+                    Stop::HoldLapsed => S3Error::lease_lapsed("the object"),
                 },
             )
         };

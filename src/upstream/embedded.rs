@@ -1,13 +1,16 @@
-//! The embedded default backend: an S3 server on a local directory (s3s-fs),
+//! The embedded default backend: fencegate's own object store (`store`),
 //! started in-process on a loopback port with a random credential, so that
 //! fencegate forwards to it exactly as it forwards to a real store. The
 //! credential is kept in the data directory (`embedded.key`, mode 0600):
-//! s3s-fs ties an open multipart upload to the key that began it, so a new
-//! key per start would break every upload open across a restart. What
-//! s3s-fs's file layout cannot hold is answered by `layout`.
+//! a new key per start would be harmless today, but a stable one lets an
+//! operator reach the store for repairs.
+//!
+//! The store keeps its index and blobs in `<data_dir>/store/`. A data
+//! directory the earlier default (s3s-fs) wrote, `<data_dir>/objects/`, is
+//! imported on the first start (`store/import.rs`).
 
 use super::client::BackendTarget;
-use super::layout::Layout;
+use crate::store::Store;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use rand::RngExt;
@@ -50,14 +53,16 @@ fn credential(path: &Path) -> Result<(String, String), String> {
     Ok(key)
 }
 
-/// Starts the embedded store on `root` (its credential in `key_file`) and
-/// returns how to reach it.
-pub async fn start(root: &Path, key_file: &Path, region: &str) -> Result<BackendTarget, String> {
-    std::fs::create_dir_all(root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    let fs = Layout::new(root)?;
-    let (access_key_id, secret_access_key) = credential(key_file)?;
+/// Starts the embedded store on `data_dir` and returns how to reach it,
+/// and the store (for readiness).
+pub async fn start(data_dir: &Path, region: &str) -> Result<(BackendTarget, Store), String> {
+    let legacy = data_dir.join("objects");
+    let store_dir = data_dir.join("store");
+    let store = tokio::task::block_in_place(|| Store::open(&store_dir, Some(&legacy)))?;
+    store.spawn_recovery();
+    let (access_key_id, secret_access_key) = credential(&data_dir.join("embedded.key"))?;
     let service = {
-        let mut b = S3ServiceBuilder::new(fs);
+        let mut b = S3ServiceBuilder::new(store.clone());
         b.set_auth(SimpleAuth::from_single(
             access_key_id.clone(),
             secret_access_key.clone(),
@@ -84,7 +89,7 @@ pub async fn start(root: &Path, key_file: &Path, region: &str) -> Result<Backend
             });
         }
     });
-    Ok(BackendTarget {
+    let target = BackendTarget {
         endpoint: format!("http://{addr}")
             .parse()
             .map_err(|e| format!("{e}"))?,
@@ -92,5 +97,6 @@ pub async fn start(root: &Path, key_file: &Path, region: &str) -> Result<Backend
         access_key_id,
         secret_access_key,
         virtual_host: false,
-    })
+    };
+    Ok((target, store))
 }

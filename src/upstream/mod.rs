@@ -3,8 +3,5 @@
 
 pub mod client;
 pub mod embedded;
-pub mod layout;
 pub mod pool;
 pub mod probe;
-pub mod put_checks;
-pub mod read_conditions;

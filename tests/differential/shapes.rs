@@ -107,6 +107,8 @@ pub const SEEDS: &[(&str, &str)] = &[
     ("shared", "d/x"),
     ("shared", "k."),
     ("shared", "a b"),
+    ("shared", " k"),
+    ("shared", "k "),
     ("oth", "k"),
     ("oth", "payroll"),
     ("oth", "a/b"),
@@ -272,7 +274,7 @@ fn xml_key(rng: &mut Rng, bucket: &str) -> (String, &'static str) {
     let s = if bucket == "oth" {
         rng.pick(&["k", "payroll", "a/b"])
     } else {
-        rng.pick(&["k", "a/b", "d/x", "k.", "a b"])
+        rng.pick(&["k", "a/b", "d/x", "k.", "a b", " k", "k "])
     };
     let first = s.chars().next().unwrap();
     let rest = xml_escape(&s[first.len_utf8()..]);

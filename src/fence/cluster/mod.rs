@@ -8,7 +8,7 @@
 //!   write waits until the lower registrations are gone: deleted when their
 //!   write ends, or gone with the lease of a replica that died.
 //! - A replica knows how fresh its lease is from a monotonic clock and its
-//!   last acknowledged keep-alive ([`Cluster::fresh`]); a write whose lease
+//!   last acknowledged keep-alive ([`Registration::fresh`]); a write whose lease
 //!   may have lapsed (a pause, a partition) is failed before its last bytes
 //!   go upstream.
 //! - Raises made anywhere reach every replica through a watch, which aborts

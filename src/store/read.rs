@@ -1,13 +1,12 @@
 //! The conditions of a GET or HEAD (`If-Match`, `If-None-Match`,
-//! `If-Modified-Since`, `If-Unmodified-Since`) for the embedded store,
-//! which s3s-fs ignores. They matter beyond caches: the SDKs' transfer
-//! managers (boto3's s3transfer, the Java, Ruby, C++ and Rust ones)
-//! download a large object in ranged GETs with `If-Match` on its ETag, so
-//! that an object replaced midway (a fenced writer's new version) fails the
-//! download with 412 instead of leaving a file made of two versions.
+//! `If-Modified-Since`, `If-Unmodified-Since`), evaluated as S3 does. They
+//! matter beyond caches: the SDKs' transfer managers (boto3's s3transfer,
+//! the Java, Ruby, C++ and Rust ones) download a large object in ranged
+//! GETs with `If-Match` on its ETag, so that an object replaced midway (a
+//! fenced writer's new version) fails the download with 412 instead of
+//! leaving a file made of two versions.
 //!
-//! Evaluated as S3 does, against the object the answer would carry: a
-//! failed `If-Match` (or, without one, a modification after
+//! A failed `If-Match` (or, without one, a modification after
 //! `If-Unmodified-Since`) is `412 PreconditionFailed`; then a matching
 //! `If-None-Match` (or, without one, no modification after
 //! `If-Modified-Since`) is `304 Not Modified`. Times compare in whole

@@ -1,0 +1,130 @@
+//! Buckets: CreateBucket, DeleteBucket (only an empty one: no object and
+//! no open upload), HeadBucket, GetBucketLocation, ListBuckets. A bucket is
+//! a row of the index; its objects are rows under its name.
+
+use super::index::{BUCKETS, OBJECTS, UPLOADS};
+use super::{Store, bucket_must_exist, internal, now_ms, timestamp};
+use redb::{ReadableTable, ReadableTableMetadata};
+use s3s::dto::*;
+use s3s::{S3Request, S3Response, S3Result, s3_error};
+
+impl Store {
+    pub(super) async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let bucket = req.input.bucket;
+        self.commit(move |txn| {
+            let mut t = txn.open_table(BUCKETS)?;
+            if t.get(bucket.as_str())?.is_some() {
+                let e = s3_error!(
+                    BucketAlreadyOwnedByYou,
+                    "you already own the bucket {bucket}"
+                );
+                return Ok((Err(e), vec![]));
+            }
+            t.insert(bucket.as_str(), now_ms() as u64)?;
+            Ok((Ok(()), vec![]))
+        })
+        .await?;
+        Ok(S3Response::new(CreateBucketOutput::default()))
+    }
+
+    pub(super) async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let bucket = req.input.bucket;
+        self.commit(move |txn| {
+            let mut t = txn.open_table(BUCKETS)?;
+            if t.get(bucket.as_str())?.is_none() {
+                let e = s3_error!(NoSuchBucket, "the bucket {bucket} does not exist");
+                return Ok((Err(e), vec![]));
+            }
+            let b = bucket.as_str();
+            let has_object = txn
+                .open_table(OBJECTS)?
+                .range((b, "")..)?
+                .next()
+                .transpose()?
+                .is_some_and(|(k, _)| k.value().0 == b);
+            let has_upload = txn
+                .open_table(UPLOADS)?
+                .range((b, "", "")..)?
+                .next()
+                .transpose()?
+                .is_some_and(|(k, _)| k.value().0 == b);
+            if has_object || has_upload {
+                let e = s3_error!(
+                    BucketNotEmpty,
+                    "the bucket {bucket} holds objects or open uploads"
+                );
+                return Ok((Err(e), vec![]));
+            }
+            t.remove(b)?;
+            Ok((Ok(()), vec![]))
+        })
+        .await?;
+        Ok(S3Response::new(DeleteBucketOutput::default()))
+    }
+
+    pub(super) async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        let bucket = req.input.bucket;
+        self.read(move |txn| bucket_must_exist(txn, &bucket))
+            .await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    pub(super) async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let bucket = req.input.bucket;
+        self.read(move |txn| bucket_must_exist(txn, &bucket))
+            .await?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+
+    /// How many objects the index holds, in every bucket (memory tests).
+    pub async fn object_count(&self) -> S3Result<u64> {
+        self.read(|txn| {
+            txn.open_table(OBJECTS)
+                .map_err(internal)?
+                .len()
+                .map_err(internal)
+        })
+        .await
+    }
+
+    pub(super) async fn list_buckets(
+        &self,
+        _req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let buckets = self
+            .read(|txn| {
+                let t = txn.open_table(BUCKETS).map_err(internal)?;
+                let mut out = Vec::new();
+                for item in t.iter().map_err(internal)? {
+                    let (name, created) = item.map_err(internal)?;
+                    out.push(Bucket {
+                        name: Some(name.value().to_string()),
+                        creation_date: Some(timestamp(created.value() as i64)),
+                        ..Default::default()
+                    });
+                }
+                Ok(out)
+            })
+            .await?;
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(Owner {
+                display_name: Some("fencegate".into()),
+                id: Some("fencegate".into()),
+            }),
+            ..Default::default()
+        }))
+    }
+}

@@ -1,0 +1,149 @@
+//! The embedded store's index, in redb: what buckets, objects, multipart
+//! uploads and parts there are, and which blob files hold their bytes.
+//!
+//! Tables (keys sort as S3 lists: by bucket, then by key in UTF-8 byte
+//! order):
+//!
+//! - `buckets`: bucket → creation time (unix ms);
+//! - `objects`: (bucket, key) → [`ObjectRecord`];
+//! - `uploads`: (bucket, key, upload id) → [`UploadRecord`];
+//! - `parts`: (upload id, part number) → [`PartRecord`];
+//! - `blobs`: blob id → bytes, every blob a record points at. A blob file
+//!   that is not here is garbage (an interrupted write, or one replaced or
+//!   deleted before its file could be removed) and is collected.
+//!
+//! Records are JSON: a few hundred bytes each, readable with any redb
+//! tool, and extended without a migration (unknown fields are ignored,
+//! missing ones default).
+
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const BUCKETS: TableDefinition<&str, u64> = TableDefinition::new("buckets");
+pub const OBJECTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("objects");
+pub const UPLOADS: TableDefinition<(&str, &str, &str), &[u8]> = TableDefinition::new("uploads");
+pub const PARTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("parts");
+pub const BLOBS: TableDefinition<u128, u64> = TableDefinition::new("blobs");
+
+/// A run of an object's bytes: a whole blob file, or (UploadPartCopy) a
+/// range of one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// The blob file, by id (see `blobs.rs`).
+    pub blob: u128,
+    /// Where in the blob the segment starts.
+    #[serde(default)]
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// What a write stores beside the bytes and gives back on a read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Headers {
+    pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+    pub content_disposition: Option<String>,
+    pub content_language: Option<String>,
+    pub cache_control: Option<String>,
+    /// As the client sent it (an HTTP date).
+    pub expires: Option<String>,
+    pub website_redirect_location: Option<String>,
+    /// `x-amz-meta-*`, without the prefix.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The checksums stored with an object or a part (base64, as S3 sends
+/// them; a multipart object's may end in `-N`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Checksums {
+    pub crc32: Option<String>,
+    pub crc32c: Option<String>,
+    pub crc64nvme: Option<String>,
+    pub sha1: Option<String>,
+    pub sha256: Option<String>,
+    /// `FULL_OBJECT` or `COMPOSITE` (multipart).
+    pub kind: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRecord {
+    pub segments: Vec<Segment>,
+    pub size: u64,
+    /// Without quotes: an MD5 in hex, or `<hex>-<parts>` for multipart.
+    pub etag: String,
+    pub last_modified_ms: i64,
+    #[serde(default)]
+    pub headers: Headers,
+    #[serde(default)]
+    pub checksums: Checksums,
+    /// For a multipart object: its parts' sizes, in order (GET/HEAD
+    /// `partNumber`).
+    #[serde(default)]
+    pub parts: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadRecord {
+    pub initiated_ms: i64,
+    #[serde(default)]
+    pub headers: Headers,
+    /// The checksum algorithm the upload was created with, if any.
+    #[serde(default)]
+    pub checksum_algorithm: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRecord {
+    pub segment: Segment,
+    pub etag: String,
+    pub last_modified_ms: i64,
+    #[serde(default)]
+    pub checksums: Checksums,
+}
+
+/// A record as stored.
+pub fn encode<T: Serialize>(r: &T) -> Vec<u8> {
+    serde_json::to_vec(r).expect("records serialise")
+}
+
+/// A stored record; one that does not parse is a damaged index.
+pub fn decode<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("a damaged index record: {e}"))
+}
+
+impl ObjectRecord {
+    /// Every blob the object's bytes are in.
+    pub fn blobs(&self) -> impl Iterator<Item = u128> + '_ {
+        self.segments.iter().map(|s| s.blob)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_old_ones_still_read() {
+        let r = ObjectRecord {
+            segments: vec![Segment {
+                blob: u128::MAX,
+                offset: 0,
+                len: 3,
+            }],
+            size: 3,
+            etag: "abc".into(),
+            last_modified_ms: 1,
+            headers: Headers::default(),
+            checksums: Checksums::default(),
+            parts: vec![],
+        };
+        assert_eq!(decode::<ObjectRecord>(&encode(&r)).unwrap(), r);
+        let minimal = br#"{"segments":[],"size":0,"etag":"e","last_modified_ms":5,"later":1}"#;
+        let old: ObjectRecord = decode(minimal).unwrap();
+        assert_eq!(old.etag, "e");
+        assert!(decode::<ObjectRecord>(b"{").is_err());
+    }
+}

@@ -1,0 +1,677 @@
+//! Objects: PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects
+//! and CopyObject.
+//!
+//! A write streams its body into a new blob, checks the digests the
+//! request declared (Content-MD5, `x-amz-checksum-*` in headers or
+//! trailers), and only then commits the record, in one step that also
+//! checks the request's conditions and that the bucket still exists. A
+//! copy is a record that points at the source's blobs (read in the same
+//! step, so the source cannot go away in between): no bytes are copied.
+
+use super::blobs::{self, WriteError};
+use super::index::{Checksums, Headers, OBJECTS, ObjectRecord, Segment, decode, encode};
+use super::read::ReadConditions;
+use super::{
+    Store, blob_ref, blob_unref, bucket_must_exist, check_key, full, internal, now_ms, timestamp,
+};
+use redb::{ReadableTable, WriteTransaction};
+use s3s::crypto::Checksum as _;
+use s3s::dto::*;
+use s3s::{S3Error, S3Request, S3Response, S3Result, s3_error};
+use std::collections::HashMap;
+
+/// The body's digests, computed as it streams.
+pub(super) struct Hashes {
+    md5: s3s::crypto::Md5,
+    sums: s3s::checksum::ChecksumHasher,
+}
+
+/// The checksum algorithms a request declares: its `x-amz-checksum-*`
+/// headers, its `x-amz-sdk-checksum-algorithm`, and the trailers it names.
+pub(super) fn declared_algorithms(
+    algorithm: Option<&ChecksumAlgorithm>,
+    given: &Checksums,
+    headers: &http::HeaderMap,
+) -> Vec<String> {
+    let mut names: Vec<String> = algorithm
+        .map(|a| a.as_str().to_string())
+        .into_iter()
+        .collect();
+    for (name, v) in [
+        ("CRC32", &given.crc32),
+        ("CRC32C", &given.crc32c),
+        ("CRC64NVME", &given.crc64nvme),
+        ("SHA1", &given.sha1),
+        ("SHA256", &given.sha256),
+    ] {
+        if v.is_some() {
+            names.push(name.to_string());
+        }
+    }
+    for t in headers
+        .get_all("x-amz-trailer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+    {
+        for t in t.split(',') {
+            if let Some(a) = t
+                .trim()
+                .to_ascii_lowercase()
+                .strip_prefix("x-amz-checksum-")
+            {
+                names.push(a.to_ascii_uppercase());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+impl Hashes {
+    pub(super) fn new(algorithms: &[String]) -> S3Result<Hashes> {
+        let mut sums = s3s::checksum::ChecksumHasher::default();
+        for a in algorithms {
+            match a.as_str() {
+                ChecksumAlgorithm::CRC32 => sums.crc32 = Some(Default::default()),
+                ChecksumAlgorithm::CRC32C => sums.crc32c = Some(Default::default()),
+                ChecksumAlgorithm::CRC64NVME => sums.crc64nvme = Some(Default::default()),
+                ChecksumAlgorithm::SHA1 => sums.sha1 = Some(Default::default()),
+                ChecksumAlgorithm::SHA256 => sums.sha256 = Some(Default::default()),
+                other => {
+                    return Err(s3_error!(
+                        InvalidRequest,
+                        "unknown checksum algorithm {other}"
+                    ));
+                }
+            }
+        }
+        Ok(Hashes {
+            md5: s3s::crypto::Md5::new(),
+            sums,
+        })
+    }
+
+    pub(super) fn update(&mut self, piece: &[u8]) {
+        self.md5.update(piece);
+        self.sums.update(piece);
+    }
+
+    /// The MD5 (raw) and the checksums.
+    pub(super) fn finish(self) -> ([u8; 16], Checksums) {
+        let md5: [u8; 16] = self.md5.finalize();
+        let s = self.sums.finalize();
+        let sums = Checksums {
+            crc32: s.checksum_crc32,
+            crc32c: s.checksum_crc32c,
+            crc64nvme: s.checksum_crc64nvme,
+            sha1: s.checksum_sha1,
+            sha256: s.checksum_sha256,
+            kind: None,
+        };
+        (md5, sums)
+    }
+}
+
+/// Checks a body's digests against what its request declared; the
+/// trailers (`aws-chunked`) add theirs to the headers'.
+pub(super) fn verify(
+    content_md5: Option<&str>,
+    md5: &[u8; 16],
+    declared: &Checksums,
+    trailers: Option<&http::HeaderMap>,
+    computed: &Checksums,
+) -> S3Result<()> {
+    if let Some(want) = content_md5 {
+        let want = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, want.trim())
+            .map_err(|_| s3_error!(InvalidDigest, "Content-MD5 is not base64"))?;
+        if want != md5 {
+            return Err(s3_error!(
+                BadDigest,
+                "the body does not match its Content-MD5"
+            ));
+        }
+    }
+    let trailer = |name: &str| {
+        trailers
+            .and_then(|t| t.get(name))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    for (name, given, got) in [
+        ("crc32", &declared.crc32, &computed.crc32),
+        ("crc32c", &declared.crc32c, &computed.crc32c),
+        ("crc64nvme", &declared.crc64nvme, &computed.crc64nvme),
+        ("sha1", &declared.sha1, &computed.sha1),
+        ("sha256", &declared.sha256, &computed.sha256),
+    ] {
+        let want = given
+            .clone()
+            .or_else(|| trailer(&format!("x-amz-checksum-{name}")));
+        if let Some(want) = want
+            && Some(&want) != got.as_ref()
+        {
+            return Err(s3_error!(
+                BadDigest,
+                "the body does not match its x-amz-checksum-{name}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A body write's error as S3 answers it.
+pub(super) fn write_error(e: WriteError) -> S3Error {
+    match e {
+        WriteError::Body(e) => s3_error!(IncompleteBody, "the request body broke off: {e}"),
+        WriteError::Full(e) => full(e),
+        WriteError::Io(e) => internal(e),
+    }
+}
+
+/// The conditions a write of an object is checked against, in the step
+/// that commits it.
+#[derive(Default, Clone)]
+pub(super) struct WriteConditions {
+    pub if_match: Option<ETagCondition>,
+    pub if_none_match: Option<ETagCondition>,
+}
+
+impl WriteConditions {
+    pub(super) fn check(&self, current: Option<&ObjectRecord>) -> S3Result<()> {
+        if let Some(c) = &self.if_none_match
+            && current.is_some_and(|cur| c.is_any() || etag_is(c, cur))
+        {
+            return Err(precondition_failed());
+        }
+        if let Some(c) = &self.if_match {
+            match current {
+                None => {
+                    return Err(s3_error!(
+                        NoSuchKey,
+                        "the key does not exist, so If-Match cannot hold"
+                    ));
+                }
+                Some(cur) if !c.is_any() && !etag_is(c, cur) => return Err(precondition_failed()),
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn etag_is(c: &ETagCondition, cur: &ObjectRecord) -> bool {
+    c.as_etag().is_some_and(|e| e.value() == cur.etag)
+}
+
+pub(super) fn precondition_failed() -> S3Error {
+    s3_error!(
+        PreconditionFailed,
+        "At least one of the pre-conditions you specified did not hold"
+    )
+}
+
+/// The headers a PUT, a copy under REPLACE or a CreateMultipartUpload
+/// stores with the object.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn headers_of(
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    expires: Option<Timestamp>,
+    website_redirect_location: Option<String>,
+    metadata: Option<HashMap<String, String>>,
+) -> Headers {
+    let expires = expires.and_then(|t| {
+        let mut buf = Vec::new();
+        t.format(TimestampFormat::HttpDate, &mut buf).ok()?;
+        String::from_utf8(buf).ok()
+    });
+    Headers {
+        content_type,
+        content_encoding,
+        content_disposition,
+        content_language,
+        cache_control,
+        expires,
+        website_redirect_location,
+        metadata: metadata.unwrap_or_default().into_iter().collect(),
+    }
+}
+
+/// The record at `(bucket, key)` in `txn`'s view.
+pub(super) fn current(
+    t: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<ObjectRecord>, redb::Error> {
+    match t.get((bucket, key))? {
+        Some(v) => decode(v.value()).map(Some).map_err(redb::Error::Corrupted),
+        None => Ok(None),
+    }
+}
+
+/// Puts `record` at `(bucket, key)` in `txn` if the bucket exists and
+/// `cond` holds; returns the blobs nobody uses any more, or the refusal.
+pub(super) fn put_record(
+    txn: &WriteTransaction,
+    bucket: &str,
+    key: &str,
+    record: &ObjectRecord,
+    cond: &WriteConditions,
+) -> Result<S3Result<Vec<u128>>, redb::Error> {
+    if let Err(e) = bucket_exists_w(txn, bucket)? {
+        return Ok(Err(e));
+    }
+    let mut objects = txn.open_table(OBJECTS)?;
+    let old = current(&objects, bucket, key)?;
+    if let Err(e) = cond.check(old.as_ref()) {
+        return Ok(Err(e));
+    }
+    objects.insert((bucket, key), encode(record).as_slice())?;
+    drop(objects);
+    for b in record.blobs() {
+        blob_ref(txn, b)?;
+    }
+    let mut unused = Vec::new();
+    for b in old.iter().flat_map(ObjectRecord::blobs) {
+        if blob_unref(txn, b)? {
+            unused.push(b);
+        }
+    }
+    Ok(Ok(unused))
+}
+
+/// Whether `bucket` exists, seen from a write transaction.
+pub(super) fn bucket_exists_w(
+    txn: &WriteTransaction,
+    bucket: &str,
+) -> Result<S3Result<()>, redb::Error> {
+    let t = txn.open_table(super::index::BUCKETS)?;
+    Ok(match t.get(bucket)? {
+        Some(_) => Ok(()),
+        None => Err(s3_error!(
+            NoSuchBucket,
+            "the bucket {bucket} does not exist"
+        )),
+    })
+}
+
+impl Store {
+    pub(super) async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let trailers = req.trailing_headers.clone();
+        let mut input = req.input;
+        check_key(&input.key)?;
+        let bucket = input.bucket.clone();
+        self.read(move |txn| bucket_must_exist(txn, &bucket))
+            .await?;
+        let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
+        let declared = Checksums {
+            crc32: input.checksum_crc32.take(),
+            crc32c: input.checksum_crc32c.take(),
+            crc64nvme: input.checksum_crc64nvme.take(),
+            sha1: input.checksum_sha1.take(),
+            sha256: input.checksum_sha256.take(),
+            kind: None,
+        };
+        let algorithms =
+            declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
+        let mut hashes = Hashes::new(&algorithms)?;
+        let id = blobs::new_id();
+        let size = self
+            .blobs
+            .write(id, body, |p| hashes.update(p))
+            .await
+            .map_err(write_error)?;
+        let (md5, mut sums) = hashes.finish();
+        let trailers = trailers.and_then(|t| t.take());
+        if let Err(e) = verify(
+            input.content_md5.as_deref(),
+            &md5,
+            &declared,
+            trailers.as_ref(),
+            &sums,
+        ) {
+            self.blobs.remove(id);
+            return Err(e);
+        }
+        sums.kind = Some(ChecksumType::FULL_OBJECT.to_string());
+        let record = ObjectRecord {
+            segments: vec![Segment {
+                blob: id,
+                offset: 0,
+                len: size,
+            }],
+            size,
+            etag: hex::encode(md5),
+            last_modified_ms: now_ms(),
+            headers: headers_of(
+                input.content_type,
+                input.content_encoding,
+                input.content_disposition,
+                input.content_language,
+                input.cache_control,
+                input.expires,
+                input.website_redirect_location,
+                input.metadata,
+            ),
+            checksums: sums,
+            parts: Vec::new(),
+        };
+        let cond = WriteConditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+        };
+        let stored = self
+            .store_record(input.bucket, input.key, record, cond, vec![id])
+            .await?;
+        let c = &stored.checksums;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(ETag::Strong(stored.etag.clone())),
+            checksum_crc32: c.crc32.clone(),
+            checksum_crc32c: c.crc32c.clone(),
+            checksum_crc64nvme: c.crc64nvme.clone(),
+            checksum_sha1: c.sha1.clone(),
+            checksum_sha256: c.sha256.clone(),
+            checksum_type: c.kind.clone().map(ChecksumType::from),
+            ..Default::default()
+        }))
+    }
+
+    /// Commits `record` at `(bucket, key)` under `cond`. `fresh` are the
+    /// blobs this request wrote: removed if the record is refused.
+    pub(super) async fn store_record(
+        &self,
+        bucket: String,
+        key: String,
+        record: ObjectRecord,
+        cond: WriteConditions,
+        fresh: Vec<u128>,
+    ) -> S3Result<ObjectRecord> {
+        let step_record = record.clone();
+        let new = fresh.clone();
+        let result = self
+            .commit(move |txn| {
+                let r = put_record(txn, &bucket, &key, &step_record, &cond)?;
+                Ok((r, new))
+            })
+            .await;
+        match result {
+            Ok(unused) => {
+                self.blobs.remove_later(unused);
+                Ok(record)
+            }
+            Err(e) => {
+                for id in fresh {
+                    self.blobs.remove(id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The record at `(bucket, key)`, or `NoSuchKey` (`NoSuchBucket`).
+    pub(super) async fn object(&self, bucket: &str, key: &str) -> S3Result<ObjectRecord> {
+        let (bucket, key) = (bucket.to_string(), key.to_string());
+        self.read(move |txn| {
+            bucket_must_exist(txn, &bucket)?;
+            let t = txn.open_table(OBJECTS).map_err(internal)?;
+            current(&t, &bucket, &key)
+                .map_err(internal)?
+                .ok_or_else(|| s3_error!(NoSuchKey, "the key does not exist"))
+        })
+        .await
+    }
+
+    pub(super) async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        let record = self.object(&input.bucket, &input.key).await?;
+        let modified = timestamp(record.last_modified_ms);
+        ReadConditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+            if_modified_since: input.if_modified_since,
+            if_unmodified_since: input.if_unmodified_since,
+        }
+        .check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
+        let (range, whole) = byte_range(&record, input.range.as_ref(), input.part_number)?;
+        let segments = record
+            .segments
+            .iter()
+            .map(|s| (s.blob, s.offset, s.len))
+            .collect();
+        let reading = self.blobs.hold_for_read(record.blobs().collect());
+        let stream = self.blobs.read(segments, range.start, range.end);
+        let stream = futures_util::StreamExt::map(stream, move |piece| {
+            let _still_reading = &reading;
+            piece
+        });
+        let mut out = GetObjectOutput {
+            body: Some(StreamingBlob::wrap(stream)),
+            content_length: Some((range.end - range.start) as i64),
+            content_range: (!whole).then(|| {
+                format!(
+                    "bytes {}-{}/{}",
+                    range.start,
+                    range.end.max(1) - 1,
+                    record.size
+                )
+            }),
+            accept_ranges: Some("bytes".into()),
+            ..Default::default()
+        };
+        describe(
+            &record,
+            &mut out,
+            whole && checksum_wanted(input.checksum_mode.as_ref()),
+        );
+        Ok(S3Response::new(out))
+    }
+
+    pub(super) async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        let record = self.object(&input.bucket, &input.key).await?;
+        let modified = timestamp(record.last_modified_ms);
+        ReadConditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+            if_modified_since: input.if_modified_since,
+            if_unmodified_since: input.if_unmodified_since,
+        }
+        .check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
+        let (range, whole) = byte_range(&record, input.range.as_ref(), input.part_number)?;
+        let mut got = GetObjectOutput::default();
+        describe(
+            &record,
+            &mut got,
+            whole && checksum_wanted(input.checksum_mode.as_ref()),
+        );
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some((range.end - range.start) as i64),
+            content_range: (!whole).then(|| {
+                format!(
+                    "bytes {}-{}/{}",
+                    range.start,
+                    range.end.max(1) - 1,
+                    record.size
+                )
+            }),
+            accept_ranges: Some("bytes".into()),
+            e_tag: got.e_tag,
+            last_modified: got.last_modified,
+            content_type: got.content_type,
+            content_encoding: got.content_encoding,
+            content_disposition: got.content_disposition,
+            content_language: got.content_language,
+            cache_control: got.cache_control,
+            expires: got.expires,
+            website_redirect_location: got.website_redirect_location,
+            metadata: got.metadata,
+            parts_count: got.parts_count,
+            checksum_crc32: got.checksum_crc32,
+            checksum_crc32c: got.checksum_crc32c,
+            checksum_crc64nvme: got.checksum_crc64nvme,
+            checksum_sha1: got.checksum_sha1,
+            checksum_sha256: got.checksum_sha256,
+            checksum_type: got.checksum_type,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Only the one version an unversioned bucket has: `null`.
+pub(super) fn check_version(v: Option<&str>) -> S3Result<()> {
+    match v {
+        None | Some("null") => Ok(()),
+        Some(_) => Err(s3_error!(
+            NoSuchVersion,
+            "this store keeps one version per key, `null`"
+        )),
+    }
+}
+
+fn checksum_wanted(mode: Option<&ChecksumMode>) -> bool {
+    mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
+}
+
+/// The bytes a read asks for (a `Range`, or a part of a multipart
+/// object), and whether that is the whole object.
+fn byte_range(
+    record: &ObjectRecord,
+    range: Option<&Range>,
+    part: Option<i32>,
+) -> S3Result<(std::ops::Range<u64>, bool)> {
+    if let Some(n) = part {
+        if range.is_some() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "a Range and a partNumber together"
+            ));
+        }
+        let sizes: &[u64] = if record.parts.is_empty() {
+            &[record.size]
+        } else {
+            &record.parts
+        };
+        let i = usize::try_from(n)
+            .ok()
+            .filter(|i| (1..=sizes.len()).contains(i));
+        let i = i.ok_or_else(|| s3_error!(InvalidPart, "the object has {} parts", sizes.len()))?;
+        let start: u64 = sizes[..i - 1].iter().sum();
+        let r = start..start + sizes[i - 1];
+        let whole = r.start == 0 && r.end == record.size;
+        return Ok((r, whole));
+    }
+    match range {
+        None => Ok((0..record.size, true)),
+        Some(r) => {
+            let r = r.check(record.size).map_err(|_| {
+                s3_error!(
+                    InvalidRange,
+                    "the range is not within the object's {} bytes",
+                    record.size
+                )
+            })?;
+            let whole = r.start == 0 && r.end == record.size;
+            Ok((r, whole))
+        }
+    }
+}
+
+/// The object's stored description on a GET's answer (a HEAD copies it).
+fn describe(record: &ObjectRecord, out: &mut GetObjectOutput, checksums: bool) {
+    let h = &record.headers;
+    out.e_tag = Some(ETag::Strong(record.etag.clone()));
+    out.last_modified = Some(timestamp(record.last_modified_ms));
+    out.content_type = h.content_type.clone();
+    out.content_encoding = h.content_encoding.clone();
+    out.content_disposition = h.content_disposition.clone();
+    out.content_language = h.content_language.clone();
+    out.cache_control = h.cache_control.clone();
+    out.expires = h
+        .expires
+        .as_deref()
+        .and_then(|e| Timestamp::parse(TimestampFormat::HttpDate, e).ok());
+    out.website_redirect_location = h.website_redirect_location.clone();
+    out.metadata = (!h.metadata.is_empty()).then(|| h.metadata.clone().into_iter().collect());
+    out.parts_count = (!record.parts.is_empty()).then_some(record.parts.len() as i32);
+    if checksums {
+        let c = &record.checksums;
+        out.checksum_crc32 = c.crc32.clone();
+        out.checksum_crc32c = c.crc32c.clone();
+        out.checksum_crc64nvme = c.crc64nvme.clone();
+        out.checksum_sha1 = c.sha1.clone();
+        out.checksum_sha256 = c.sha256.clone();
+        out.checksum_type = c.kind.clone().map(ChecksumType::from);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(etag: &str) -> ObjectRecord {
+        ObjectRecord {
+            segments: vec![],
+            size: 10,
+            etag: etag.into(),
+            last_modified_ms: 0,
+            headers: Headers::default(),
+            checksums: Checksums::default(),
+            parts: vec![4, 6],
+        }
+    }
+
+    #[test]
+    fn write_conditions_answer_as_s3_does() {
+        let tag = |t: &str| Some(ETagCondition::ETag(ETag::Strong(t.into())));
+        let code = |c: WriteConditions, cur: Option<&ObjectRecord>| {
+            c.check(cur).err().map(|e| e.code().as_str().to_string())
+        };
+        let absent = WriteConditions {
+            if_none_match: Some(ETagCondition::Any),
+            ..Default::default()
+        };
+        let swap = WriteConditions {
+            if_match: tag("e1"),
+            ..Default::default()
+        };
+        let e1 = record("e1");
+        assert_eq!(code(absent.clone(), None), None);
+        assert_eq!(
+            code(absent, Some(&e1)).as_deref(),
+            Some("PreconditionFailed")
+        );
+        assert_eq!(code(swap.clone(), Some(&e1)), None);
+        assert_eq!(
+            code(swap.clone(), Some(&record("e2"))).as_deref(),
+            Some("PreconditionFailed")
+        );
+        assert_eq!(code(swap, None).as_deref(), Some("NoSuchKey"));
+    }
+
+    #[test]
+    fn parts_and_ranges_pick_their_bytes() {
+        let r = record("e");
+        assert_eq!(byte_range(&r, None, Some(2)).unwrap(), (4..10, false));
+        assert_eq!(byte_range(&r, None, Some(1)).unwrap(), (0..4, false));
+        assert!(byte_range(&r, None, Some(3)).is_err());
+        let last3 = Range::parse("bytes=-3").unwrap();
+        assert_eq!(byte_range(&r, Some(&last3), None).unwrap(), (7..10, false));
+        let all = Range::parse("bytes=0-").unwrap();
+        assert_eq!(byte_range(&r, Some(&all), None).unwrap(), (0..10, true));
+    }
+}
