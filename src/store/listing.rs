@@ -54,6 +54,13 @@ pub(super) fn list_keys<T>(
     max: usize,
     value: impl Fn(&str, &[u8]) -> S3Result<T>,
 ) -> S3Result<Page<T>> {
+    if max == 0 {
+        // S3 answers max-keys=0 with nothing, and not as truncated.
+        return Ok(Page {
+            entries: vec![],
+            truncated: false,
+        });
+    }
     let delimiter = delimiter.filter(|d| !d.is_empty());
     let roll_up = |key: &str| -> Option<String> {
         let d = delimiter?;

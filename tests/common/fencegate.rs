@@ -117,11 +117,15 @@ impl Fencegate {
         };
         let backend_toml = format!("{backend_toml}{probe}{backend_lines}\n");
         let has_fence_table = extra.contains("[fence]");
+        // A test may put the data directory elsewhere (a small disk).
+        let data = match server_lines.contains("data_dir") {
+            true => String::new(),
+            false => format!("data_dir = \"{}\"\n", dir.path().join("data").display()),
+        };
         let config = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{data}\"\n{server_lines}\n\n{fence}{backend_toml}\n\
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{data}{server_lines}\n\n{fence}{backend_toml}\n\
              [[credentials]]\naccess_key_id = \"{DEMO_KEY}\"\nsecret_access_key = \"{DEMO_SECRET}\"\nbuckets = [\"*\"]\nbucket_admin = true\n\n\
              [[credentials]]\naccess_key_id = \"{LIMITED_KEY}\"\nsecret_access_key = \"{LIMITED_SECRET}\"\nbuckets = [\"shared\"]\n\n{extra}\n",
-            data = dir.path().join("data").display(),
             fence = if has_fence_table {
                 ""
             } else {
