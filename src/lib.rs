@@ -24,7 +24,7 @@
 //!   batches by a thread of their own.
 //! - [`access_log`] (→ utc, log_buffer): the request line, formatted by hand.
 //!
-//! The fence (→ config, metric_names):
+//! The fence (→ config, metric_names, redb_file):
 //!
 //! - [`fence::token`]: a token from its carriers (header, query, metadata).
 //! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
@@ -40,7 +40,7 @@
 //!   and sweep tasks in `background.rs`); `gate/cluster.rs` is the gate's
 //!   side of it.
 //! - [`fence::store`]: `FenceStore`, and its redb implementation
-//!   (`fences.redb`).
+//!   (`fences.redb`, through [`redb_file`]).
 //!
 //! The S3 front (→ fence, config, metric_names):
 //!
@@ -63,13 +63,26 @@
 //! - [`s3::xml`]: the backend's XML answers fencegate reads.
 //! - [`s3::error`]: one error enum, rendered as S3 XML in one place.
 //!
-//! The backend (→ s3, tls):
+//! The backend (→ s3, tls, store):
 //!
 //! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`;
 //!   [`upstream::pool`]: the kept connections to the backend.
-//! - [`upstream::embedded`]: s3s-fs on a loopback port, the default store.
+//! - [`upstream::embedded`]: the embedded store on a loopback port, the
+//!   default backend.
 //! - [`upstream::probe`]: whether the backend honours conditional writes
 //!   itself (shown on `/readyz`).
+//!
+//! The embedded store (→ redb_file, metric_names), fencegate's own default
+//! backend behind s3s's `S3` trait:
+//!
+//! - [`store`]: the index in redb (`index.rs`), the blob files
+//!   (`blobs.rs`), the group commit where every change and its conditions
+//!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
+//!   `objects.rs`, `read.rs`, `delete.rs`, `copy.rs`, `multipart.rs`,
+//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `import.rs` brings in
+//!   an s3s-fs data directory.
+//! - [`redb_file`] (a leaf): a redb file reopened by itself after a disk
+//!   error, for the store's index and the fence store.
 //!
 //! A request's life (→ fence, s3, upstream, body, config, metric_names):
 //!
@@ -83,7 +96,7 @@
 //!
 //! Around it:
 //!
-//! - [`admin`] (→ fence, s3, upstream, body, config): health, readiness, fences,
+//! - [`admin`] (→ fence, s3, upstream, store, body, config): health, readiness, fences,
 //!   manual raise, `/metrics` (`admin::metrics` installs the recorder);
 //!   `admin::client` is `fencegate fences ...`; `admin::transfer` is
 //!   `fences export` and `import`.

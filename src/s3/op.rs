@@ -182,9 +182,11 @@ impl Op {
     }
 
     /// Whether the request writes an object's content by another way than a
-    /// PutObject. A key ending in `/` is a folder marker: a file-system
-    /// store (the embedded one) resolves `a/b/` to the file `a/b`, so these
-    /// would overwrite `a/b` while the fence guards `a/b/`.
+    /// PutObject. A key ending in `/` is a folder marker: a store on a file
+    /// system (s3s-fs, the embedded store before fencegate's own) resolves
+    /// `a/b/` to the file `a/b`, so these would overwrite `a/b` while the
+    /// fence guards `a/b/`. fencegate fronts any store, so it keeps
+    /// refusing them.
     pub fn writes_content_indirectly(self) -> bool {
         matches!(
             self,

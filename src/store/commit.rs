@@ -16,6 +16,7 @@
 //! lose.
 
 use super::blobs::Blobs;
+use crate::metric_names as m;
 use crate::redb_file::DbFile;
 use redb::WriteTransaction;
 use std::sync::Arc;
@@ -141,6 +142,7 @@ fn apply_all(index: &DbFile, blobs: &Blobs, batch: &mut [Box<dyn Step>]) -> Resu
     attempt().map_err(|e| {
         drop(db);
         index.failed(&e);
+        metrics::counter!(m::STORE_WRITE_FAILURES, "store" => "objects").increment(1);
         e.to_string()
     })
 }

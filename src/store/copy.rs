@@ -114,6 +114,7 @@ impl Store {
                     return Ok((Err(e), vec![]));
                 }
                 let mut record = src;
+                record.upload_id = None;
                 record.last_modified_ms = now_ms();
                 if let Some(h) = new_headers {
                     record.headers = h;

@@ -181,6 +181,7 @@ mod tests {
             headers: Headers::default(),
             checksums: Checksums::default(),
             parts: vec![],
+            upload_id: None,
         };
         let at = |s: i64| Timestamp::from(time::OffsetDateTime::from_unix_timestamp(s).unwrap());
         let code = |c: DeleteConditions, cur: Option<&ObjectRecord>| {

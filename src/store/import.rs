@@ -204,6 +204,7 @@ fn import_batch(
                 headers: headers(sidecar(old, bucket, key, "metadata")),
                 checksums: Default::default(),
                 parts: Vec::new(),
+                upload_id: None,
             };
             objects
                 .insert((bucket, key.as_str()), encode(&record).as_slice())

@@ -83,6 +83,10 @@ pub struct ObjectRecord {
     /// `partNumber`).
     #[serde(default)]
     pub parts: Vec<u64>,
+    /// For a multipart object: the upload that made it (a retried
+    /// CompleteMultipartUpload is answered as the first was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +143,7 @@ mod tests {
             headers: Headers::default(),
             checksums: Checksums::default(),
             parts: vec![],
+            upload_id: None,
         };
         assert_eq!(decode::<ObjectRecord>(&encode(&r)).unwrap(), r);
         let minimal = br#"{"segments":[],"size":0,"etag":"e","last_modified_ms":5,"later":1}"#;

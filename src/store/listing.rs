@@ -169,6 +169,14 @@ fn max_keys(n: Option<i32>) -> S3Result<usize> {
     }
 }
 
+/// The one owner of everything here (the store has one credential).
+pub(super) fn owner() -> Owner {
+    Owner {
+        display_name: Some("fencegate".into()),
+        id: Some("fencegate".into()),
+    }
+}
+
 fn object(key: String, r: ObjectRecord, enc: &impl Fn(&str) -> String) -> Object {
     Object {
         key: Some(enc(&key)),
@@ -264,11 +272,14 @@ impl Store {
         let encoding = i.encoding_type.clone();
         let enc = encoder(encoding.as_ref());
         let truncated = page.truncated;
-        let (contents, prefixes, last) = split(page.entries, &enc);
+        let (mut contents, prefixes, last) = split(page.entries, &enc);
+        if i.fetch_owner == Some(true) {
+            contents.iter_mut().for_each(|o| o.owner = Some(owner()));
+        }
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(i.bucket),
             prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().map(&enc),
+            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
             start_after: i.start_after.as_deref().map(&enc),
             max_keys: Some(max as i32),
             key_count: Some((contents.len() + prefixes.len()) as i32),
@@ -301,12 +312,16 @@ impl Store {
         let encoding = i.encoding_type.clone();
         let enc = encoder(encoding.as_ref());
         let truncated = page.truncated;
-        let (contents, prefixes, last) = split(page.entries, &enc);
+        let (mut contents, prefixes, last) = split(page.entries, &enc);
+        // v1 names each object's owner.
+        contents.iter_mut().for_each(|o| o.owner = Some(owner()));
         let with_delimiter = i.delimiter.as_deref().is_some_and(|d| !d.is_empty());
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(i.bucket),
-            prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().map(&enc),
+            // v1 gives the prefix as it is (clients decode the delimiter,
+            // the markers and the keys only).
+            prefix: i.prefix.clone(),
+            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
             marker: Some(i.marker.as_deref().map(&enc).unwrap_or_default()),
             max_keys: Some(max as i32),
             is_truncated: Some(truncated),
@@ -361,7 +376,7 @@ impl Store {
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(i.bucket),
             prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().map(&enc),
+            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
             key_marker: i.key_marker.as_deref().map(&enc),
             version_id_marker: i.version_id_marker,
             max_keys: Some(max as i32),
@@ -418,7 +433,7 @@ impl Store {
         Ok(S3Response::new(ListMultipartUploadsOutput {
             bucket: Some(i.bucket),
             prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().map(&enc),
+            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
             key_marker: i.key_marker.as_deref().map(&enc),
             upload_id_marker: i.upload_id_marker,
             max_uploads: Some(max as i32),

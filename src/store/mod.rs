@@ -18,12 +18,13 @@
 //!   on; once there is room, writes go through again without a restart
 //!   (`redb_file.rs`).
 //!
-//! The S3 operations: `buckets.rs`, `objects.rs` (PUT, GET, HEAD),
+//! The S3 operations: `buckets.rs`, `acl.rs` (one owner, private), `objects.rs` (PUT, GET, HEAD),
 //! `delete.rs` (DeleteObject, DeleteObjects), `copy.rs` (CopyObject),
 //! `multipart.rs`, `listing.rs` (every listing), `read.rs` (a read's
 //! conditions), `s3.rs` (the trait, one line per operation). `import.rs`
 //! brings in a data directory the earlier s3s-fs store wrote.
 
+mod acl;
 mod blobs;
 mod buckets;
 mod commit;

@@ -9,7 +9,8 @@
 use super::blobs;
 use super::copy::{copy_source, source_conditions, source_record};
 use super::index::{
-    Checksums, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord, decode, encode,
+    Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord, decode,
+    encode,
 };
 use super::objects::{
     Hashes, WriteConditions, bucket_exists_w, declared_algorithms, headers_of, put_record, verify,
@@ -87,7 +88,7 @@ fn put_part(
 }
 
 /// Removes upload `id` and all its parts; returns the blobs nobody uses.
-fn drop_upload(
+pub(super) fn drop_upload(
     txn: &WriteTransaction,
     (bucket, key, id): (&str, &str, &str),
 ) -> Result<Vec<u128>, redb::Error> {
@@ -470,7 +471,13 @@ fn complete_step(
     let (bucket, key, id) = upload;
     let refused = |e| Ok((Err(e), vec![]));
     let Some(up) = upload_w(txn, bucket, key, id)? else {
-        return refused(no_such_upload());
+        // A retry of a completion that went through: its answer again,
+        // while the object is still the one it made.
+        let objects = txn.open_table(OBJECTS)?;
+        return match super::objects::current(&objects, bucket, key)? {
+            Some(done) if done.upload_id.as_deref() == Some(id) => Ok((Ok((done, vec![])), vec![])),
+            _ => refused(no_such_upload()),
+        };
     };
     let mut parts = Vec::new();
     {
@@ -515,6 +522,7 @@ fn complete_step(
         headers: up.headers,
         checksums: composite(&parts.iter().map(|p| &p.checksums).collect::<Vec<_>>()),
         parts: parts.iter().map(|p| p.segment.len).collect(),
+        upload_id: Some(id.to_string()),
     };
     let mut unused = match put_record(txn, bucket, key, &record, cond)? {
         Ok(u) => u,

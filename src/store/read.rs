@@ -1,4 +1,5 @@
-//! The conditions of a GET or HEAD (`If-Match`, `If-None-Match`,
+//! Reads: GetObject and HeadObject, their byte ranges and part numbers,
+//! and their conditions (`If-Match`, `If-None-Match`,
 //! `If-Modified-Since`, `If-Unmodified-Since`), evaluated as S3 does. They
 //! matter beyond caches: the SDKs' transfer managers (boto3's s3transfer,
 //! the Java, Ruby, C++ and Rust ones) download a large object in ranged
@@ -12,8 +13,11 @@
 //! `If-Modified-Since`) is `304 Not Modified`. Times compare in whole
 //! seconds, the precision of the HTTP dates clients send back.
 
-use s3s::dto::{ETag, ETagCondition, Timestamp};
-use s3s::{S3Error, S3ErrorCode, S3Result};
+use super::index::ObjectRecord;
+use super::objects::check_version;
+use super::{Store, timestamp};
+use s3s::dto::*;
+use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 /// A GET's or HEAD's conditions.
 pub struct ReadConditions {
@@ -67,6 +71,187 @@ impl ReadConditions {
             return Err(e);
         }
         Ok(())
+    }
+}
+
+impl Store {
+    pub(super) async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        let record = self.object(&input.bucket, &input.key).await?;
+        let modified = timestamp(record.last_modified_ms);
+        ReadConditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+            if_modified_since: input.if_modified_since,
+            if_unmodified_since: input.if_unmodified_since,
+        }
+        .check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
+        let (range, whole) = byte_range(&record, input.range.as_ref(), input.part_number)?;
+        let segments = record
+            .segments
+            .iter()
+            .map(|s| (s.blob, s.offset, s.len))
+            .collect();
+        let reading = self.blobs.hold_for_read(record.blobs().collect());
+        let stream = self.blobs.read(segments, range.start, range.end);
+        let stream = futures_util::StreamExt::map(stream, move |piece| {
+            let _still_reading = &reading;
+            piece
+        });
+        let mut out = GetObjectOutput {
+            body: Some(StreamingBlob::wrap(stream)),
+            content_length: Some((range.end - range.start) as i64),
+            content_range: (!whole).then(|| {
+                format!(
+                    "bytes {}-{}/{}",
+                    range.start,
+                    range.end.max(1) - 1,
+                    record.size
+                )
+            }),
+            accept_ranges: Some("bytes".into()),
+            ..Default::default()
+        };
+        describe(
+            &record,
+            &mut out,
+            whole && checksum_wanted(input.checksum_mode.as_ref()),
+        );
+        Ok(S3Response::new(out))
+    }
+
+    pub(super) async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        let record = self.object(&input.bucket, &input.key).await?;
+        let modified = timestamp(record.last_modified_ms);
+        ReadConditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+            if_modified_since: input.if_modified_since,
+            if_unmodified_since: input.if_unmodified_since,
+        }
+        .check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
+        let (range, whole) = byte_range(&record, input.range.as_ref(), input.part_number)?;
+        let mut got = GetObjectOutput::default();
+        describe(
+            &record,
+            &mut got,
+            whole && checksum_wanted(input.checksum_mode.as_ref()),
+        );
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some((range.end - range.start) as i64),
+            content_range: (!whole).then(|| {
+                format!(
+                    "bytes {}-{}/{}",
+                    range.start,
+                    range.end.max(1) - 1,
+                    record.size
+                )
+            }),
+            accept_ranges: Some("bytes".into()),
+            e_tag: got.e_tag,
+            last_modified: got.last_modified,
+            content_type: got.content_type,
+            content_encoding: got.content_encoding,
+            content_disposition: got.content_disposition,
+            content_language: got.content_language,
+            cache_control: got.cache_control,
+            expires: got.expires,
+            website_redirect_location: got.website_redirect_location,
+            metadata: got.metadata,
+            parts_count: got.parts_count,
+            checksum_crc32: got.checksum_crc32,
+            checksum_crc32c: got.checksum_crc32c,
+            checksum_crc64nvme: got.checksum_crc64nvme,
+            checksum_sha1: got.checksum_sha1,
+            checksum_sha256: got.checksum_sha256,
+            checksum_type: got.checksum_type,
+            ..Default::default()
+        }))
+    }
+}
+
+fn checksum_wanted(mode: Option<&ChecksumMode>) -> bool {
+    mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
+}
+
+/// The bytes a read asks for (a `Range`, or a part of a multipart
+/// object), and whether that is the whole object.
+fn byte_range(
+    record: &ObjectRecord,
+    range: Option<&Range>,
+    part: Option<i32>,
+) -> S3Result<(std::ops::Range<u64>, bool)> {
+    if let Some(n) = part {
+        if range.is_some() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "a Range and a partNumber together"
+            ));
+        }
+        let sizes: &[u64] = if record.parts.is_empty() {
+            &[record.size]
+        } else {
+            &record.parts
+        };
+        let i = usize::try_from(n)
+            .ok()
+            .filter(|i| (1..=sizes.len()).contains(i));
+        let i = i.ok_or_else(|| s3_error!(InvalidPart, "the object has {} parts", sizes.len()))?;
+        let start: u64 = sizes[..i - 1].iter().sum();
+        let r = start..start + sizes[i - 1];
+        let whole = r.start == 0 && r.end == record.size;
+        return Ok((r, whole));
+    }
+    match range {
+        None => Ok((0..record.size, true)),
+        Some(r) => {
+            let r = r.check(record.size).map_err(|_| {
+                s3_error!(
+                    InvalidRange,
+                    "the range is not within the object's {} bytes",
+                    record.size
+                )
+            })?;
+            let whole = r.start == 0 && r.end == record.size;
+            Ok((r, whole))
+        }
+    }
+}
+
+/// The object's stored description on a GET's answer (a HEAD copies it).
+fn describe(record: &ObjectRecord, out: &mut GetObjectOutput, checksums: bool) {
+    let h = &record.headers;
+    out.e_tag = Some(ETag::Strong(record.etag.clone()));
+    out.last_modified = Some(timestamp(record.last_modified_ms));
+    out.content_type = h.content_type.clone();
+    out.content_encoding = h.content_encoding.clone();
+    out.content_disposition = h.content_disposition.clone();
+    out.content_language = h.content_language.clone();
+    out.cache_control = h.cache_control.clone();
+    out.expires = h
+        .expires
+        .as_deref()
+        .and_then(|e| Timestamp::parse(TimestampFormat::HttpDate, e).ok());
+    out.website_redirect_location = h.website_redirect_location.clone();
+    out.metadata = (!h.metadata.is_empty()).then(|| h.metadata.clone().into_iter().collect());
+    out.parts_count = (!record.parts.is_empty()).then_some(record.parts.len() as i32);
+    if checksums {
+        let c = &record.checksums;
+        out.checksum_crc32 = c.crc32.clone();
+        out.checksum_crc32c = c.crc32c.clone();
+        out.checksum_crc64nvme = c.crc64nvme.clone();
+        out.checksum_sha1 = c.sha1.clone();
+        out.checksum_sha256 = c.sha256.clone();
+        out.checksum_type = c.kind.clone().map(ChecksumType::from);
     }
 }
 
@@ -208,5 +393,30 @@ mod tests {
         for (i, (c, want)) in cases.into_iter().enumerate() {
             assert_eq!(answer(c), want, "case {i}");
         }
+    }
+
+    fn record() -> ObjectRecord {
+        ObjectRecord {
+            segments: vec![],
+            size: 10,
+            etag: "e".into(),
+            last_modified_ms: 0,
+            headers: Default::default(),
+            checksums: Default::default(),
+            parts: vec![4, 6],
+            upload_id: None,
+        }
+    }
+
+    #[test]
+    fn parts_and_ranges_pick_their_bytes() {
+        let r = record();
+        assert_eq!(byte_range(&r, None, Some(2)).unwrap(), (4..10, false));
+        assert_eq!(byte_range(&r, None, Some(1)).unwrap(), (0..4, false));
+        assert!(byte_range(&r, None, Some(3)).is_err());
+        let last3 = Range::parse("bytes=-3").unwrap();
+        assert_eq!(byte_range(&r, Some(&last3), None).unwrap(), (7..10, false));
+        let all = Range::parse("bytes=0-").unwrap();
+        assert_eq!(byte_range(&r, Some(&all), None).unwrap(), (0..10, true));
     }
 }

@@ -154,4 +154,32 @@ impl S3 for Store {
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         Store::list_object_versions(self, req).await
     }
+
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        Store::get_object_acl(self, req).await
+    }
+
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        Store::put_object_acl(self, req).await
+    }
+
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        Store::get_bucket_acl(self, req).await
+    }
+
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        Store::put_bucket_acl(self, req).await
+    }
 }
