@@ -5,6 +5,7 @@
 //!   concurrency, a duration or a request count) with a latency histogram;
 //! - `sink.rs`: an in-memory S3 stand-in that accepts and discards, so that
 //!   a run through fencegate to it shows fencegate's own cost;
+//! - `store.rs`: the embedded store on its own port, to compare stores;
 //! - `report.rs`: what a run measured, as a human line and a JSON line.
 //!
 //! `scripts/bench` drives them against Garage, the sink, nginx and fencegate.
@@ -12,6 +13,7 @@
 pub mod load;
 pub mod report;
 pub mod sink;
+pub mod store;
 
 use bytes::Bytes;
 use clap::{Args, Subcommand};
@@ -33,6 +35,9 @@ pub enum BenchCommand {
     /// An in-memory S3 sink: discards PUT bodies, answers GET with generated
     /// bytes of the size last PUT under the key. Verifies no signature.
     Sink(sink::SinkArgs),
+    /// The embedded store on its own (no proxy in front), to set beside
+    /// other stores.
+    Store(store::StoreArgs),
 }
 
 /// Parses `4096`, `4KiB`, `1MiB`, `256MiB`, `2GiB` (also `K`, `M`, `G`).

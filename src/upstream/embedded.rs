@@ -53,6 +53,28 @@ fn credential(path: &Path) -> Result<(String, String), String> {
     Ok(key)
 }
 
+/// Serves `store` as S3 on `listener` to the one credential given, until
+/// the process ends. `fencegate bench store` calls it too.
+pub async fn serve(listener: TcpListener, store: Store, access_key_id: String, secret: String) {
+    let service = {
+        let mut b = S3ServiceBuilder::new(store);
+        b.set_auth(SimpleAuth::from_single(access_key_id, secret));
+        b.build()
+    };
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = sock.set_nodelay(true);
+        let service = service.clone();
+        tokio::spawn(async move {
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(sock), service)
+                .await;
+        });
+    }
+}
+
 /// Starts the embedded store on `data_dir` and returns how to reach it,
 /// and the store (for readiness).
 pub async fn start(data_dir: &Path, region: &str) -> Result<(BackendTarget, Store), String> {
@@ -61,34 +83,18 @@ pub async fn start(data_dir: &Path, region: &str) -> Result<(BackendTarget, Stor
     let store = tokio::task::block_in_place(|| Store::open(&store_dir, Some(&legacy)))?;
     store.spawn_recovery();
     let (access_key_id, secret_access_key) = credential(&data_dir.join("embedded.key"))?;
-    let service = {
-        let mut b = S3ServiceBuilder::new(store.clone());
-        b.set_auth(SimpleAuth::from_single(
-            access_key_id.clone(),
-            secret_access_key.clone(),
-        ));
-        b.build()
-    };
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .map_err(|e| format!("embedded store: cannot listen: {e}"))?;
     let addr = listener
         .local_addr()
         .map_err(|e| format!("embedded store: {e}"))?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((sock, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = sock.set_nodelay(true);
-            let service = service.clone();
-            tokio::spawn(async move {
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(sock), service)
-                    .await;
-            });
-        }
-    });
+    tokio::spawn(serve(
+        listener,
+        store.clone(),
+        access_key_id.clone(),
+        secret_access_key.clone(),
+    ));
     let target = BackendTarget {
         endpoint: format!("http://{addr}")
             .parse()
