@@ -63,6 +63,32 @@ pub struct LockArgs {
     /// The PostgreSQL sequence tokens come from (created if missing).
     #[arg(long, default_value = "fencegate_tokens")]
     pub sequence: String,
+    /// PEM file of the CA that signed the service's certificate (etcd
+    /// https://, Redis rediss://, PostgreSQL sslmode=verify-*); without
+    /// it, the system's roots.
+    #[arg(long, env = "FENCEGATE_LOCK_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate, for a service that demands one (mutual TLS).
+    #[arg(long, env = "FENCEGATE_LOCK_CERT_FILE", requires = "key_file")]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --cert-file.
+    #[arg(long, env = "FENCEGATE_LOCK_KEY_FILE", requires = "cert_file")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// User: etcd RBAC user, Redis ACL user, PostgreSQL role, ZooKeeper
+    /// SASL (DIGEST-MD5) user.
+    #[arg(long, env = "FENCEGATE_LOCK_USER")]
+    pub user: Option<String>,
+    /// File holding the password (one trailing newline ignored).
+    #[arg(
+        long,
+        env = "FENCEGATE_LOCK_PASSWORD_FILE",
+        requires = "user",
+        conflicts_with = "password_env"
+    )]
+    pub password_file: Option<std::path::PathBuf>,
+    /// Name of the environment variable holding the password.
+    #[arg(long, requires = "user")]
+    pub password_env: Option<String>,
     /// etcd lease TTL, ZooKeeper session timeout, Redis key TTL, or
     /// PostgreSQL idle_session_timeout (pinged every TTL/3), in seconds. The lease or key is renewed every TTL/3; without an acknowledged renewal for a whole
     /// TTL the lock counts as lost.

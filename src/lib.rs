@@ -24,7 +24,11 @@
 //!   batches by a thread of their own.
 //! - [`access_log`] (→ utc, log_buffer): the request line, formatted by hand.
 //!
-//! The fence (→ config, metric_names, redb_file):
+//! - [`access`] (→ config): how etcd, ZooKeeper, Redis and PostgreSQL are
+//!   reached: TLS, client certificates, passwords from files or variables
+//!   (`pg_tls.rs`: libpq's `sslmode` over rustls).
+//!
+//! The fence (→ access, config, metric_names, redb_file):
 //!
 //! - [`fence::token`]: a token from its carriers (header, query, metadata).
 //! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
@@ -100,7 +104,7 @@
 //!   manual raise, `/metrics` (`admin::metrics` installs the recorder);
 //!   `admin::client` is `fencegate fences ...`; `admin::transfer` is
 //!   `fences export` and `import`.
-//! - [`locks`] (→ fence, config, metric_names): etcd and ZooKeeper, the
+//! - [`locks`] (→ access, fence, config, metric_names): etcd, ZooKeeper, Redis and PostgreSQL, the
 //!   token sources known by name; `helper.rs` is `fencegate lock`;
 //!   `eager.rs` raises a fence when its lock's holder goes.
 //! - [`server`] (→ everything above): start-up (store, gate, backend,
@@ -124,6 +128,7 @@
 //! fencegate replicas (in etcd, say) can replace redb without touching the
 //! check.
 
+pub mod access;
 pub mod access_log;
 pub mod admin;
 pub mod bench;

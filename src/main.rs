@@ -13,6 +13,7 @@ use std::process::ExitCode;
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    fencegate::access::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
@@ -177,6 +178,14 @@ fn lock(a: LockArgs) -> ExitCode {
         zookeeper: a.zookeeper,
         redis: a.redis,
         postgres: a.postgres,
+        access: fencegate::config::access::AccessConfig {
+            ca_file: a.ca_file,
+            cert_file: a.cert_file,
+            key_file: a.key_file,
+            user: a.user,
+            password_file: a.password_file,
+            password_env: a.password_env,
+        },
         postgres_sequence: a.sequence,
         name: a.name,
         ttl: Duration::from_secs(a.ttl),

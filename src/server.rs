@@ -138,6 +138,9 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
             None
         }
     };
+    crate::locks::eager::check_access(&cfg.locks, &cfg.eager)
+        .await
+        .map_err(StartError)?;
     // After the recorder: the watchers report their state as metrics.
     crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
     let (target, store) = backend_target(cfg).await?;

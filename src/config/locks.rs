@@ -2,6 +2,7 @@
 //! entries (which resource follows which lock), with their checks. The
 //! schema lives with the rest of the file's; `locks` reads it.
 
+use super::access::AccessConfig;
 use super::{ConfigError, err};
 use serde::Deserialize;
 use std::time::Duration;
@@ -23,6 +24,14 @@ pub struct LocksConfig {
     pub postgres_sequence: String,
     /// How often eager fencing polls `pg_locks`.
     pub postgres_poll_ms: u64,
+    /// TLS and credentials for etcd (`https://` endpoints).
+    pub etcd_access: AccessConfig,
+    /// TLS and credentials for ZooKeeper (`tcp+tls://` servers, SASL).
+    pub zookeeper_access: AccessConfig,
+    /// TLS and credentials for Redis (`rediss://`, ACL user).
+    pub redis_access: AccessConfig,
+    /// TLS and credentials for PostgreSQL (`sslmode=`, SCRAM password).
+    pub postgres_access: AccessConfig,
 }
 
 impl Default for LocksConfig {
@@ -35,6 +44,10 @@ impl Default for LocksConfig {
             postgres: None,
             postgres_sequence: "fencegate_tokens".into(),
             postgres_poll_ms: 1000,
+            etcd_access: AccessConfig::default(),
+            zookeeper_access: AccessConfig::default(),
+            redis_access: AccessConfig::default(),
+            postgres_access: AccessConfig::default(),
         }
     }
 }
@@ -94,6 +107,10 @@ impl EagerConfig {
 }
 
 pub fn validate(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<(), ConfigError> {
+    locks.etcd_access.validate("locks.etcd_access")?;
+    locks.zookeeper_access.validate("locks.zookeeper_access")?;
+    locks.redis_access.validate("locks.redis_access")?;
+    locks.postgres_access.validate("locks.postgres_access")?;
     for (i, e) in locks.etcd_endpoints.iter().enumerate() {
         if !(e.starts_with("http://") || e.starts_with("https://")) {
             return Err(err(

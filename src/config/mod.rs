@@ -4,6 +4,7 @@
 //! Every table denies unknown fields, so a typo is an error instead of a
 //! silently ignored setting.
 
+pub mod access;
 pub mod locks;
 mod validate;
 
@@ -52,6 +53,8 @@ pub struct ClusterConfig {
     /// writes wait for a replica that died mid-write. Rounded up to whole
     /// seconds (etcd's unit).
     pub replica_ttl_ms: u64,
+    /// TLS and credentials for etcd (`https://` endpoints, RBAC user).
+    pub etcd_access: access::AccessConfig,
 }
 
 impl Default for ClusterConfig {
@@ -60,6 +63,7 @@ impl Default for ClusterConfig {
             etcd_endpoints: Vec::new(),
             prefix: "fencegate/".into(),
             replica_ttl_ms: 5000,
+            etcd_access: access::AccessConfig::default(),
         }
     }
 }

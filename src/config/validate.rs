@@ -212,6 +212,7 @@ pub(super) fn cluster(cluster: &ClusterConfig, backend: &BackendConfig) -> Resul
             ));
         }
     }
+    cluster.etcd_access.validate("cluster.etcd_access")?;
     if cluster.prefix.is_empty() {
         return Err(err("cluster.prefix", "must not be empty"));
     }

@@ -26,38 +26,92 @@ pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
         match e.lock() {
             LockRef::Etcd(name) => {
                 let endpoints = locks.etcd_endpoints.clone();
+                let access = locks.etcd_access.clone();
                 tokio::spawn(async move {
                     let f = fencer.clone();
-                    super::etcd::watch_holder(endpoints, name, move |s| f.seen(s)).await
+                    super::etcd::watch_holder(endpoints, access, name, move |s| f.seen(s)).await
                 });
             }
             LockRef::Redis(key) => {
                 let url = locks.redis.clone().unwrap_or_default();
+                let access = locks.redis_access.clone();
                 tokio::spawn(async move {
                     let f = fencer.clone();
-                    super::redis::watch_holder(url, key, move |s| f.seen(s)).await
+                    super::redis::watch_holder(url, access, key, move |s| f.seen(s)).await
                 });
             }
             LockRef::Postgres(name) => {
                 let url = locks.postgres.clone().unwrap_or_default();
                 let sequence = locks.postgres_sequence.clone();
                 let every = locks.postgres_poll();
+                let access = locks.postgres_access.clone();
                 tokio::spawn(async move {
                     let f = fencer.clone();
-                    super::postgres::watch_holder(url, name, sequence, every, move |s| f.seen(s))
-                        .await
+                    let seen = move |s| f.seen(s);
+                    super::postgres::watch_holder(url, access, name, sequence, every, seen).await
                 });
             }
             LockRef::ZooKeeper(path) => {
                 let servers = locks.zookeeper.clone().unwrap_or_default();
                 let session = locks.zookeeper_session_timeout();
+                let access = locks.zookeeper_access.clone();
                 tokio::spawn(async move {
                     let f = fencer.clone();
-                    super::zookeeper::watch_holder(servers, session, path, move |s| f.seen(s)).await
+                    let seen = move |s| f.seen(s);
+                    super::zookeeper::watch_holder(servers, access, session, path, seen).await
                 });
             }
         }
     }
+}
+
+/// At start-up, reaches once each service an `[[eager]]` entry follows. A
+/// refused password or certificate stops start-up with the service, the
+/// endpoint and the reason; a service that is merely down does not (its
+/// watch reports down, and retries).
+pub async fn check_access(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<(), String> {
+    let used = |f: fn(&LockRef) -> bool| eager.iter().any(|e| f(&e.lock()));
+    let mut failures = Vec::new();
+    if used(|l| matches!(l, LockRef::Etcd(_))) {
+        let base = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(std::time::Duration::from_secs(3));
+        let r = crate::access::etcd_connect(&locks.etcd_endpoints, base, &locks.etcd_access).await;
+        let r = match r {
+            Ok(mut c) => c.status().await.map(|_| ()).map_err(|e| {
+                let e = crate::access::etcd_error(&e);
+                crate::access::failure("etcd", &locks.etcd_endpoints.join(","), e)
+            }),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            failures.push((crate::access::etcd_error_is_permanent(&e), e));
+        }
+    }
+    if used(|l| matches!(l, LockRef::Redis(_))) {
+        let url = locks.redis.as_deref().unwrap_or_default();
+        if let Err(e) = super::redis::check(url, &locks.redis_access).await {
+            failures.push(e);
+        }
+    }
+    if used(|l| matches!(l, LockRef::Postgres(_))) {
+        let url = locks.postgres.as_deref().unwrap_or_default();
+        if let Err(e) = super::postgres::check(url, &locks.postgres_access).await {
+            failures.push(e);
+        }
+    }
+    if used(|l| matches!(l, LockRef::ZooKeeper(_))) {
+        let servers = locks.zookeeper.as_deref().unwrap_or_default();
+        if let Err(e) = super::zookeeper::check(servers, &locks.zookeeper_access).await {
+            failures.push(e);
+        }
+    }
+    for (permanent, e) in failures {
+        if permanent {
+            return Err(format!("eager fencing: {e}"));
+        }
+        tracing::warn!(error = %e, "eager fencing: lock service not reachable at start-up");
+    }
+    Ok(())
 }
 
 /// The state of a resource's lock watch, as last reported.

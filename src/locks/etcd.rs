@@ -10,6 +10,7 @@
 //! of that deletion — the value eager fencing raises the fence to.
 
 use super::{Backoff, LockError, Seen};
+use crate::config::access::AccessConfig;
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, LockOptions, WatchOptions};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -19,14 +20,16 @@ fn service_error(e: etcd_client::Error) -> LockError {
     LockError::Service(e.to_string())
 }
 
-async fn connect(endpoints: &[String]) -> Result<Client, etcd_client::Error> {
+async fn connect(endpoints: &[String], access: &AccessConfig) -> Result<Client, LockError> {
     // HTTP/2 pings find a dead server while a watch is quiet. etcd answers
     // pings more often than every 5 s (its default
     // --grpc-keepalive-min-time) by closing the connection.
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-    Client::connect(endpoints, Some(opts)).await
+    crate::access::etcd_connect(endpoints, opts, access)
+        .await
+        .map_err(LockError::Service)
 }
 
 /// A held etcd lock: a lease kept alive by a background task, and the lock
@@ -44,11 +47,12 @@ pub struct EtcdLock {
 /// of `ttl` that a background task keeps alive every `ttl / 3`.
 pub async fn acquire(
     endpoints: &[String],
+    access: &AccessConfig,
     name: &str,
     ttl: Duration,
     wait: Option<Duration>,
 ) -> Result<EtcdLock, LockError> {
-    let mut client = connect(endpoints).await.map_err(service_error)?;
+    let mut client = connect(endpoints, access).await?;
     let ttl_secs = ttl.as_secs().max(1) as i64;
     let lease = client
         .lease_grant(ttl_secs, None)
@@ -210,16 +214,27 @@ impl Queue {
 /// gone, the fence goes to the new holder's create revision (its token is at
 /// least that; the old holder's may be higher, so this case is logged as a
 /// gap), or to the read's revision when nobody holds the lock.
-pub async fn watch_holder(endpoints: Vec<String>, name: String, seen: impl Fn(Seen)) {
+pub async fn watch_holder(
+    endpoints: Vec<String>,
+    access: AccessConfig,
+    name: String,
+    seen: impl Fn(Seen),
+) {
     let prefix = format!("{name}/");
     let mut queue: Option<Queue> = None;
     let mut next_rev = 0i64;
     let mut backoff = Backoff::new();
     loop {
-        let Ok(mut client) = connect(&endpoints).await else {
-            seen(Seen::Down);
-            backoff.wait().await;
-            continue;
+        let mut client = match connect(&endpoints, &access).await {
+            Ok(c) => c,
+            Err(e) => {
+                if crate::access::etcd_error_is_permanent(&e.to_string()) {
+                    tracing::warn!(lock = %name, error = %e, "eager fencing: etcd refuses fencegate");
+                }
+                seen(Seen::Down);
+                backoff.wait().await;
+                continue;
+            }
         };
         if queue.is_none() || next_rev == 0 {
             match read_queue(&mut client, &prefix).await {

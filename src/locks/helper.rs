@@ -8,6 +8,7 @@
 //! (the command was then sent SIGTERM, and SIGKILL after `--kill-grace`).
 
 use super::{Held, LockError, etcd, postgres, redis, zookeeper};
+use crate::config::access::AccessConfig;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
@@ -23,6 +24,8 @@ pub struct LockSpec {
     pub zookeeper: Option<String>,
     pub redis: Option<String>,
     pub postgres: Option<String>,
+    /// TLS and credentials for whichever service it is.
+    pub access: AccessConfig,
     /// The PostgreSQL sequence tokens come from.
     pub postgres_sequence: String,
     pub name: String,
@@ -35,6 +38,7 @@ async fn take(spec: &LockSpec) -> Result<Held, LockError> {
     if let Some(url) = &spec.postgres {
         return postgres::acquire(
             url,
+            &spec.access,
             &spec.name,
             &spec.postgres_sequence,
             spec.ttl,
@@ -44,15 +48,17 @@ async fn take(spec: &LockSpec) -> Result<Held, LockError> {
         .map(|l| Held::Postgres(Box::new(l)));
     }
     if let Some(url) = &spec.redis {
-        return redis::acquire(url, &spec.name, spec.ttl, spec.timeout)
+        return redis::acquire(url, &spec.access, &spec.name, spec.ttl, spec.timeout)
             .await
             .map(|l| Held::Redis(Box::new(l)));
     }
     match &spec.zookeeper {
-        Some(servers) => zookeeper::acquire(servers, &spec.name, spec.ttl, spec.timeout)
-            .await
-            .map(Held::ZooKeeper),
-        None => etcd::acquire(&spec.etcd, &spec.name, spec.ttl, spec.timeout)
+        Some(servers) => {
+            zookeeper::acquire(servers, &spec.access, &spec.name, spec.ttl, spec.timeout)
+                .await
+                .map(Held::ZooKeeper)
+        }
+        None => etcd::acquire(&spec.etcd, &spec.access, &spec.name, spec.ttl, spec.timeout)
             .await
             .map(|l| Held::Etcd(Box::new(l))),
     }

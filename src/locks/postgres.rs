@@ -19,29 +19,41 @@
 //!   no ping was answered for a TTL or the connection closes.
 
 use super::{Backoff, LockError};
+use crate::access::PgTls;
+use crate::config::access::AccessConfig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// `application_name` prefix under which a holder publishes its token.
 const PUBLISHED: &str = "fencegate token ";
 
 fn svc(e: tokio_postgres::Error) -> LockError {
-    LockError::Service(e.to_string())
+    LockError::Service(crate::access::postgres_error(&e))
 }
 
 /// Connects, and runs the connection on its own task; the returned receiver
-/// gets the reason when the connection ends.
+/// gets the reason when the connection ends. The TLS connector comes back
+/// too, for cancelling a statement over the same kind of connection.
 async fn connect(
     url: &str,
-) -> Result<(Client, watch::Receiver<Option<String>>), tokio_postgres::Error> {
-    let mut config: tokio_postgres::Config = url.parse()?;
+    access: &AccessConfig,
+) -> Result<(Client, watch::Receiver<Option<String>>, PgTls), LockError> {
+    let (mut config, tls) =
+        crate::access::postgres_config(url, access).map_err(LockError::Service)?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(3));
     }
     config.keepalives_idle(Duration::from_secs(5));
-    let (client, connection) = config.connect(NoTls).await?;
+    let (client, connection) = config.connect(tls.clone()).await.map_err(|e| {
+        let shown = crate::access::redacted_url(url);
+        LockError::Service(crate::access::failure(
+            "postgres",
+            &shown,
+            crate::access::postgres_error(&e),
+        ))
+    })?;
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let why = match connection.await {
@@ -50,7 +62,30 @@ async fn connect(
         };
         let _ = tx.send(Some(why));
     });
-    Ok((client, rx))
+    Ok((client, rx, tls))
+}
+
+/// One connection, for the start-up check: `(permanent, why)` on
+/// failure, permanent when retrying cannot help (password, certificate,
+/// pg_hba refusal).
+pub async fn check(url: &str, access: &AccessConfig) -> Result<(), (bool, String)> {
+    match connect(url, access).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let e = e.to_string();
+            let permanent = [
+                "28P01",
+                "28000",
+                "certificate",
+                "TLS",
+                "does not support TLS",
+                "sslmode",
+            ]
+            .iter()
+            .any(|s| e.contains(s));
+            Err((permanent, e))
+        }
+    }
 }
 
 /// `schema.name` or `name`, each part quoted as an identifier.
@@ -97,12 +132,13 @@ pub struct PgLock {
 /// the token comes from `sequence`.
 pub async fn acquire(
     url: &str,
+    access: &AccessConfig,
     name: &str,
     sequence: &str,
     ttl: Duration,
     wait: Option<Duration>,
 ) -> Result<PgLock, LockError> {
-    let (client, mut closed) = connect(url).await.map_err(svc)?;
+    let (client, mut closed, tls) = connect(url, access).await?;
     let client = Arc::new(client);
     let ttl_ms = ttl.as_millis().max(1000) as u64;
     if let Err(e) = client
@@ -124,7 +160,7 @@ pub async fn acquire(
     };
     if let Err(e) = taken {
         // Stop the waiting statement; ending the session drops any lock.
-        let _ = client.cancel_token().cancel_query(NoTls).await;
+        let _ = client.cancel_token().cancel_query(tls).await;
         return Err(e);
     }
     let row = client
@@ -269,6 +305,7 @@ async fn read(
 /// unlocked). The fence: see `fence_for`.
 pub async fn watch_holder(
     url: String,
+    access: AccessConfig,
     name: String,
     sequence: String,
     every: Duration,
@@ -277,7 +314,7 @@ pub async fn watch_holder(
     let mut known: Option<Holder> = None;
     let mut backoff = Backoff::new();
     loop {
-        let (client, closed) = match connect(&url).await {
+        let (client, closed, _) = match connect(&url, &access).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(lock = %name, "eager fencing on PostgreSQL is down: {e}");

@@ -14,6 +14,7 @@
 //! replication: see docs/lock-services.md ("Redis: the honest part").
 
 use super::{Backoff, LockError};
+use crate::config::access::AccessConfig;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use std::time::{Duration, Instant};
@@ -65,11 +66,11 @@ end
 return {c, h}";
 
 fn svc(e: redis::RedisError) -> LockError {
-    LockError::Service(e.to_string())
+    LockError::Service(crate::access::redis_error(&e))
 }
 
-fn client(url: &str) -> Result<redis::Client, redis::RedisError> {
-    redis::Client::open(url)
+fn client(url: &str, access: &AccessConfig) -> Result<redis::Client, LockError> {
+    crate::access::redis_client(url, access).map_err(LockError::Service)
 }
 
 async fn connect(
@@ -82,6 +83,29 @@ async fn connect(
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
+}
+
+/// One connection and a PING, for the start-up check: `(permanent, why)`
+/// on failure, permanent when retrying cannot help (password, certificate).
+pub async fn check(url: &str, access: &AccessConfig) -> Result<(), (bool, String)> {
+    let client = client(url, access).map_err(|e| (true, e.to_string()))?;
+    let shown = crate::access::redacted_url(url);
+    let r = match connect(&client, Duration::from_secs(3)).await {
+        Ok(mut c) => redis::cmd("PING")
+            .query_async::<String>(&mut c)
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    r.map_err(|e| {
+        let text = e.to_string();
+        let permanent = e.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+            || text.contains("certificate")
+            || text.contains("InvalidContentType");
+        let why = crate::access::failure("redis", &shown, crate::access::redis_error(&e));
+        (permanent, why)
+    })
 }
 
 /// A held Redis lock: the key, our value in it, and the renewing task.
@@ -98,14 +122,22 @@ pub struct RedisLock {
 /// with a key TTL of `ttl` renewed every `ttl / 3`.
 pub async fn acquire(
     url: &str,
+    access: &AccessConfig,
     name: &str,
     ttl: Duration,
     wait: Option<Duration>,
 ) -> Result<RedisLock, LockError> {
-    let client = client(url).map_err(svc)?;
+    let client = client(url, access)?;
     let mut conn = connect(&client, Duration::from_secs(3))
         .await
-        .map_err(svc)?;
+        .map_err(|e| {
+            let shown = crate::access::redacted_url(url);
+            LockError::Service(crate::access::failure(
+                "redis",
+                &shown,
+                crate::access::redis_error(&e),
+            ))
+        })?;
     for w in reuse_warnings(&mut conn).await {
         eprintln!("fencegate lock: warning: {w}");
     }
@@ -357,7 +389,7 @@ async fn read_state(
 /// degraded and checks again every few seconds. While the subscription is
 /// down, events are lost; on resubscribing the lock is read afresh and a
 /// holder that changed meanwhile is fenced off the same way.
-pub async fn watch_holder(url: String, name: String, seen: impl Fn(Seen)) {
+pub async fn watch_holder(url: String, access: AccessConfig, name: String, seen: impl Fn(Seen)) {
     let counter = counter_key(&name);
     let mut known: Option<String> = None;
     let mut backoff = Backoff::new();
@@ -376,10 +408,10 @@ pub async fn watch_holder(url: String, name: String, seen: impl Fn(Seen)) {
         seen(Seen::Down);
     };
     loop {
-        let client = match client(&url) {
+        let client = match client(&url, &access) {
             Ok(c) => c,
             Err(e) => {
-                problem(format!("bad URL: {e}"), &seen);
+                problem(e.to_string(), &seen);
                 backoff.wait().await;
                 continue;
             }
@@ -391,7 +423,10 @@ pub async fn watch_holder(url: String, name: String, seen: impl Fn(Seen)) {
         ) {
             (Ok(c), Ok(p)) => (c, p),
             (Err(e), _) | (_, Err(e)) => {
-                problem(format!("cannot connect: {e}"), &seen);
+                problem(
+                    format!("cannot connect: {}", crate::access::redis_error(&e)),
+                    &seen,
+                );
                 backoff.wait().await;
                 continue;
             }

@@ -9,6 +9,7 @@
 //! on the same path takes the same lock.
 
 use super::{Backoff, LockError, Seen};
+use crate::config::access::AccessConfig;
 use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
@@ -17,12 +18,36 @@ fn service_error(e: zk::Error) -> LockError {
     LockError::Service(e.to_string())
 }
 
-async fn connect(servers: &str, session: Duration) -> Result<zk::Client, zk::Error> {
-    zk::Client::connector()
+async fn connect(
+    servers: &str,
+    access: &AccessConfig,
+    session: Duration,
+) -> Result<zk::Client, LockError> {
+    let failed = |e: &dyn std::fmt::Display| {
+        LockError::Service(crate::access::failure("zookeeper", servers, e))
+    };
+    crate::access::zookeeper_connector(servers, access)
+        .map_err(LockError::Service)?
         .with_session_timeout(session)
         .with_connection_timeout(Duration::from_secs(3))
         .connect(servers)
         .await
+        .map_err(|e| match e {
+            zk::Error::AuthFailed => failed(&"SASL authentication failed (the user or password is wrong, or the server wants SASL and none is configured)"),
+            e => failed(&e),
+        })
+}
+
+/// One session, for the start-up check: `(permanent, why)` on failure,
+/// permanent when SASL was refused.
+pub async fn check(servers: &str, access: &AccessConfig) -> Result<(), (bool, String)> {
+    match connect(servers, access, Duration::from_secs(10)).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let e = e.to_string();
+            Err((e.contains("SASL") || e.contains("not supported"), e))
+        }
+    }
 }
 
 /// The 10-digit sequence at the end of a lock node's name.
@@ -45,11 +70,12 @@ pub struct ZkLock {
 /// Takes the lock in directory `path`, waiting up to `wait`.
 pub async fn acquire(
     servers: &str,
+    access: &AccessConfig,
     path: &str,
     session: Duration,
     wait: Option<Duration>,
 ) -> Result<ZkLock, LockError> {
-    let client = connect(servers, session).await.map_err(service_error)?;
+    let client = connect(servers, access, session).await?;
     let acl = zk::Acls::anyone_all();
     let options = zk::LockOptions::new(acl)
         .with_ancestor_options(zk::CreateMode::Container.with_acls(acl))
@@ -166,14 +192,24 @@ async fn guard(
 /// The fence goes to the czxid of the new holder, which is that holder's own
 /// token and above every earlier contender's; with no contender left, to the
 /// directory's pzxid, which every later node's czxid exceeds.
-pub async fn watch_holder(servers: String, session: Duration, path: String, seen: impl Fn(Seen)) {
+pub async fn watch_holder(
+    servers: String,
+    access: AccessConfig,
+    session: Duration,
+    path: String,
+    seen: impl Fn(Seen),
+) {
     let mut holder: Option<String> = None;
     let mut backoff = Backoff::new();
     loop {
-        let Ok(client) = connect(&servers, session).await else {
-            seen(Seen::Down);
-            backoff.wait().await;
-            continue;
+        let client = match connect(&servers, &access, session).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(lock = %path, error = %e, "eager fencing: cannot reach ZooKeeper");
+                seen(Seen::Down);
+                backoff.wait().await;
+                continue;
+            }
         };
         seen(Seen::Up);
         backoff.reset();

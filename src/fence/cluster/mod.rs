@@ -122,6 +122,54 @@ async fn call<T>(
     }
 }
 
+/// The cluster's etcd client. Plain, it connects lazily (etcd may be
+/// down at start-up: the replica is then not ready). With a user, the
+/// client authenticates at once: a wrong password, or a certificate either
+/// side refuses, stops start-up; etcd merely unreachable does not (the
+/// client authenticates on its first request instead).
+async fn connect_etcd(cfg: &ClusterConfig, base: ConnectOptions) -> Result<Client, String> {
+    use crate::access::{etcd_error, etcd_error_is_permanent, etcd_options, failure};
+    let cannot = |e: String| format!("cluster: cannot reach etcd: {e}");
+    let access = &cfg.etcd_access;
+    let opts = etcd_options(&cfg.etcd_endpoints, base.clone(), access).map_err(cannot)?;
+    let e = match Client::connect(&cfg.etcd_endpoints, Some(opts)).await {
+        Ok(c) => return Ok(c),
+        Err(e) => failure("etcd", &cfg.etcd_endpoints.join(","), etcd_error(&e)),
+    };
+    let Some((user, password)) = access.credentials().map_err(cannot)? else {
+        return Err(cannot(e));
+    };
+    if etcd_error_is_permanent(&e) {
+        return Err(cannot(e));
+    }
+    tracing::warn!(error = %e, "cluster: etcd not reachable at start-up; not ready until it is");
+    let anonymous = crate::config::access::AccessConfig {
+        user: None,
+        password_file: None,
+        password_env: None,
+        ..access.clone()
+    };
+    let opts = etcd_options(&cfg.etcd_endpoints, base, &anonymous)
+        .map_err(cannot)?
+        .with_auto_token_refresh(true);
+    let client = Client::connect(&cfg.etcd_endpoints, Some(opts))
+        .await
+        .map_err(|e| cannot(etcd_error(&e)))?;
+    // The user is set once etcd answers; until then requests fail as
+    // they would with etcd down.
+    let mut c = client.clone();
+    let password = password.expose().to_string();
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(200);
+        while let Err(e) = c.update_user(Some((user.clone(), password.clone()))).await {
+            tracing::debug!(error = %etcd_error(&e), "cluster: etcd authentication");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    });
+    Ok(client)
+}
+
 impl Cluster {
     /// Connects (lazily: etcd may be down at start-up; the replica is then
     /// not ready) and starts the lease keeper, the deregistration worker
@@ -163,9 +211,7 @@ impl Cluster {
             .with_connect_timeout(Duration::from_secs(2))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_require_leader(true);
-        let client = Client::connect(&cfg.etcd_endpoints, Some(opts))
-            .await
-            .map_err(|e| format!("cluster: cannot set up the etcd client: {e}"))?;
+        let client = connect_etcd(cfg, opts).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (admissions, batched) = mpsc::unbounded_channel();
         tokio::spawn(batch::run(client.clone(), batched));
