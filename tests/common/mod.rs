@@ -13,6 +13,7 @@ pub mod raw;
 pub mod redis;
 pub mod relay;
 pub mod replicas;
+pub mod secure;
 pub mod zookeeper;
 
 /// A free loopback port for a service a test starts (Garage, etcd, moto, ...).

@@ -13,6 +13,8 @@ pub struct Postgres {
     pub url: String,
     port: u16,
     bin: PathBuf,
+    /// Extra `postgres` arguments (`-c name=value`).
+    args: Vec<String>,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
@@ -41,6 +43,12 @@ fn as_postgres(program: PathBuf) -> Command {
 
 impl Postgres {
     pub fn start() -> Postgres {
+        Postgres::start_with(|_| {}, &[])
+    }
+
+    /// After initdb, `setup` gets the data directory (to place files in);
+    /// the server then runs with `args` added.
+    pub fn start_with(setup: impl FnOnce(&std::path::Path), args: &[&str]) -> Postgres {
         let dir = super::scratch_dir();
         if unsafe { libc::geteuid() } == 0 {
             let ok = Command::new("chown")
@@ -58,11 +66,13 @@ impl Postgres {
             .output()
             .expect("run initdb");
         assert!(out.status.success(), "initdb: {out:?}");
+        setup(&dir.path().join("data"));
         let port = free_port();
         let mut p = Postgres {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             port,
             bin,
+            args: args.iter().map(|a| a.to_string()).collect(),
             child: None,
             dir,
         };
@@ -85,6 +95,7 @@ impl Postgres {
             // Shared memory segments in the data directory, not /dev/shm:
             // a server killed like a crash leaves them behind otherwise.
             .args(["-c", "dynamic_shared_memory_type=mmap"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -109,6 +120,16 @@ impl Postgres {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `psql` itself, for a client the test sets up.
+    pub fn psql_bin(&self) -> PathBuf {
+        self.bin.join("psql")
     }
 
     /// Kills the server like a crash: the postmaster and every backend.

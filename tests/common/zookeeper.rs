@@ -14,20 +14,29 @@ pub struct ZooKeeper {
     /// `127.0.0.1:PORT`, the client address.
     pub connect: String,
     port: u16,
+    /// Extra JVM flags (`-D...`).
+    jvm: Vec<String>,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
 
 impl ZooKeeper {
     pub fn start() -> ZooKeeper {
+        ZooKeeper::start_with(|_| (String::new(), Vec::new()))
+    }
+
+    /// With the zoo.cfg lines and JVM flags that `extra` makes, given the
+    /// server's directory.
+    pub fn start_with(extra: impl FnOnce(&std::path::Path) -> (String, Vec<String>)) -> ZooKeeper {
         let dir = super::scratch_dir();
+        let (cfg_extra, jvm) = extra(dir.path());
         let port = free_port();
         std::fs::write(
             dir.path().join("zoo.cfg"),
             format!(
                 "tickTime=200\ndataDir={}/data\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
                  admin.enableServer=false\nminSessionTimeout=400\nmaxSessionTimeout=60000\n\
-                 4lw.commands.whitelist=ruok,srvr\n",
+                 4lw.commands.whitelist=ruok,srvr\n{cfg_extra}",
                 dir.path().display()
             ),
         )
@@ -35,6 +44,7 @@ impl ZooKeeper {
         let mut z = ZooKeeper {
             connect: format!("127.0.0.1:{port}"),
             port,
+            jvm,
             child: None,
             dir,
         };
@@ -51,6 +61,7 @@ impl ZooKeeper {
         let child = Command::new("java")
             .arg("-Dznode.container.checkIntervalMs=100")
             .arg(format!("-Dzookeeper.log.dir={}", self.dir.path().display()))
+            .args(&self.jvm)
             .args([
                 "-cp",
                 CLASSPATH,
