@@ -333,7 +333,8 @@ async fn eager_fencing_and_cluster_mode_over_a_secure_etcd() {
     );
     let replicas: Vec<Fencegate> = (0..2)
         .map(|_| {
-            let fg = Fencegate::start_with(be.as_fencegate_backend(), "", &cluster);
+            let server = format!("admin_token = \"{}\"\n", common::replicas::ADMIN);
+            let fg = Fencegate::start_with(be.as_fencegate_backend(), &server, &cluster);
             common::wait_until(30, "the replica to be ready", || {
                 common::replicas::ready_status(&fg) == 200
             });
@@ -345,6 +346,16 @@ async fn eager_fencing_and_cluster_mode_over_a_secure_etcd() {
     put_with_token(&a, "k", "new", 8).await.unwrap();
     let stale = put_with_token(&b, "k", "old", 7).await.unwrap_err();
     assert_eq!(stale.0, 409, "a lower token passed at the other replica");
+    // The admin raise at one replica refuses at the other.
+    let url = format!("http://{}/fences/demo%2Fk", replicas[1].admin);
+    let admin = Some(common::replicas::ADMIN);
+    let (s, body) = common::http_call("POST", &url, admin, Some(r#"{"token":20}"#)).await;
+    assert_eq!(s, 200, "{body}");
+    let stale = put_with_token(&a, "k", "fifteen", 15).await.unwrap_err();
+    assert_eq!(
+        stale.0, 409,
+        "the admin raise did not reach the other replica"
+    );
     for r in &replicas {
         assert_no_secret_served(r).await;
     }
