@@ -1,7 +1,7 @@
 //! The coordination plane as production runs it (docs/lock-services.md,
 //! "TLS and passwords"): etcd with mutual TLS and RBAC users, Redis on a
 //! TLS-only port with an ACL user, PostgreSQL with `ssl=on` and SCRAM,
-//! ZooKeeper demanding SASL DIGEST-MD5. Each server first shows that it
+//! ZooKeeper demanding SASL DIGEST-MD5 and serving TLS. Each server first shows that it
 //! refuses a plain or anonymous client; then `fencegate lock`, eager
 //! fencing and cluster mode work over it; each wrong password or
 //! certificate fails with the service, the endpoint and the reason; and no
@@ -14,7 +14,7 @@ use common::lock_holder::{Holder, fence, run_lock_at, wait_for_eager, wait_for_f
 use common::postgres::Postgres;
 use common::secure::{
     PASSWORD, PG_SSL_ARGS, Pki, ROOT_PASSWORD, SecureEtcd, SecureRedis, USER, postgres_tls_files,
-    redis_cli, zookeeper_sasl,
+    redis_cli, zookeeper_secure,
 };
 use common::zookeeper::ZooKeeper;
 use common::{ensure_bucket, put_with_token, sdk};
@@ -34,7 +34,7 @@ fn stderr(o: &Output) -> String {
 /// `fencegate lock SERVICE FLAGS orders -- echo $FENCING_TOKEN`.
 fn lock(service: &[String], flags: &[String]) -> Output {
     let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend(["--timeout", "20"]);
+    args.extend(["--timeout", "20", "--ttl", "3"]);
     let name = match service[0].as_str() {
         "--zookeeper" => "/locks/orders",
         _ => "orders",
@@ -245,24 +245,40 @@ fn postgres_demands_tls_and_scram_and_fencegate_lock_meets_both() {
 }
 
 #[test]
-fn zookeeper_demands_sasl_and_fencegate_lock_meets_it() {
-    let zk = ZooKeeper::start_with(zookeeper_sasl);
+fn zookeeper_demands_sasl_and_tls_and_fencegate_lock_meets_both() {
     let pki = Pki::new();
-    let service = vec!["--zookeeper".to_string(), zk.connect.clone()];
+    let secure_port = common::free_port();
+    let zk = ZooKeeper::start_with(zookeeper_secure(&pki, secure_port));
+    let plain = vec!["--zookeeper".to_string(), zk.connect.clone()];
     let sasl: Vec<String> = pki.lock_flags()[6..].to_vec();
     // Without SASL the server closes the session.
-    let o = lock(&service, &[]);
+    let o = lock(&plain, &[]);
     assert_ne!(o.status.code(), Some(0), "an anonymous session was served");
-    let a = took(&lock(&service, &sasl));
-    let b = took(&lock(&service, &sasl));
-    assert!(a < b, "tokens rise: {a} then {b}");
+    let a = took(&lock(&plain, &sasl));
     let wrong = with(&sasl, "--password-file", &p(&pki, "wrong-password"));
-    refused(&lock(&service, &wrong), &["zookeeper 127.0.0.1", "SASL"]);
-    let tls = [pki.lock_flags(), vec![]].concat();
+    refused(&lock(&plain, &wrong), &["zookeeper 127.0.0.1", "SASL"]);
+
+    // TLS on the secure port, with SASL on top.
+    let tls = format!("tcp+tls://127.0.0.1:{secure_port}");
+    let service = vec!["--zookeeper".to_string(), tls.clone()];
+    let b = took(&lock(&service, &pki.lock_flags()));
+    assert!(a < b, "tokens rise: {a} then {b}");
+    let endpoint = format!("zookeeper {tls}");
+    let rogue_ca = with(&pki.lock_flags(), "--ca-file", &p(&pki, "rogue-ca.pem"));
+    refused(&lock(&service, &rogue_ca), &[&endpoint, "TLS session"]);
+    let no_client_cert = [pki.lock_flags()[..2].to_vec(), sasl.clone()].concat();
     refused(
-        &lock(&service, &tls),
-        &["zookeeper", "TLS to ZooKeeper is not supported"],
+        &lock(&service, &no_client_cert),
+        &[&endpoint, "TLS session"],
     );
+    let no_ca = sasl.clone();
+    refused(&lock(&service, &no_ca), &[&endpoint, "needs ca_file"]);
+    // A plain client on the TLS port gets no session.
+    let plain_on_tls = vec![
+        "--zookeeper".to_string(),
+        format!("127.0.0.1:{secure_port}"),
+    ];
+    assert_ne!(lock(&plain_on_tls, &sasl).status.code(), Some(0));
 }
 
 /// fencegate on the embedded store, fencing `orders` eagerly from `locks`
@@ -446,13 +462,17 @@ async fn eager_fencing_over_secure_redis_postgres_and_zookeeper() {
     assert_no_secret_served(&fg).await;
     drop(fg);
 
-    let zk = ZooKeeper::start_with(zookeeper_sasl);
+    let secure_port = common::free_port();
+    let _zk = ZooKeeper::start_with(zookeeper_secure(&pki, secure_port));
+    let tls = format!("tcp+tls://127.0.0.1:{secure_port}");
     let access = format!(
-        "[locks.zookeeper_access]\nuser = \"{USER}\"\npassword_env = \"FG_TEST_ZK_PASSWORD\"\n"
+        "[locks.zookeeper_access]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\nuser = \"{USER}\"\npassword_env = \"FG_TEST_ZK_PASSWORD\"\n",
+        p(&pki, "ca.pem"),
+        p(&pki, "client.pem"),
+        p(&pki, "client-key.pem"),
     );
     let locks = format!(
-        "[locks]\nzookeeper = \"{}\"\nzookeeper_session_timeout_ms = 2000\n\n{access}\n[[eager]]\nresource = \"orders\"\nzookeeper_lock = \"/locks/orders\"\n",
-        zk.connect
+        "[locks]\nzookeeper = \"{tls}\"\nzookeeper_session_timeout_ms = 2000\n\n{access}\n[[eager]]\nresource = \"orders\"\nzookeeper_lock = \"/locks/orders\"\n"
     );
     let fg = Fencegate::start_env(
         Backend::Embedded,
@@ -463,11 +483,7 @@ async fn eager_fencing_over_secure_redis_postgres_and_zookeeper() {
     let c = sdk(&fg.endpoint());
     ensure_bucket(&c, "demo").await;
     wait_for_eager(&fg, true).await;
-    let service = [
-        vec!["--zookeeper".to_string(), zk.connect.clone()],
-        good[6..].to_vec(),
-    ]
-    .concat();
+    let service = [vec!["--zookeeper".to_string(), tls.clone()], good.clone()].concat();
     holder_is_fenced_eagerly(&fg, &c, &service, "/locks/orders").await;
     assert_no_secret_served(&fg).await;
 
@@ -479,7 +495,7 @@ async fn eager_fencing_over_secure_redis_postgres_and_zookeeper() {
     // A refused password stops start-up, naming the service and why.
     for (config, wants) in [
         (redis_bad, ["redis rediss://127.0.0.1", "user or password"]),
-        (zk_bad, ["zookeeper 127.0.0.1", "SASL"]),
+        (zk_bad, ["zookeeper tcp+tls://127.0.0.1", "SASL"]),
     ] {
         let (code, err) = start_fails(&config);
         assert_ne!(code, Some(0), "started with a bad credential");

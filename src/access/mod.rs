@@ -265,19 +265,39 @@ pub fn postgres_error(e: &tokio_postgres::Error) -> String {
 
 // ---- ZooKeeper ----
 
-/// A ZooKeeper connector with SASL DIGEST-MD5 when a user and password are
-/// given. TLS to ZooKeeper is not supported (see docs/lock-services.md).
+/// A ZooKeeper connector: TLS for the servers written `tcp+tls://host:port`
+/// (trusting `ca_file`, which ZooKeeper's TLS needs; with `cert_file` and
+/// `key_file` when the server wants a client certificate, which is its
+/// default), and SASL DIGEST-MD5 when a user and password are given.
 pub fn zookeeper_connector(
     servers: &str,
     access: &AccessConfig,
 ) -> Result<zookeeper_client::Connector, String> {
     let fail = |e: &dyn std::fmt::Display| failure("zookeeper", servers, e);
-    if access.ca_file.is_some() || access.cert_file.is_some() || servers.contains("tls://") {
+    let mut connector = zookeeper_client::Client::connector();
+    let tls = servers.contains("tcp+tls://");
+    if tls {
+        install_crypto_provider();
+        let text = |pem: Vec<u8>| String::from_utf8(pem).map_err(|e| fail(&e));
+        let Some(ca) = access.ca_pem().map_err(|e| fail(&e))? else {
+            return Err(fail(
+                &"tcp+tls:// needs ca_file (the CA that signed ZooKeeper's certificate)",
+            ));
+        };
+        let mut options = zookeeper_client::TlsOptions::new()
+            .with_pem_ca(&text(ca)?)
+            .map_err(|e| fail(&format!("ca_file: {e}")))?;
+        if let Some((cert, key)) = access.identity_pem().map_err(|e| fail(&e))? {
+            options = options
+                .with_pem_identity(&text(cert)?, &text(key)?)
+                .map_err(|e| fail(&format!("cert_file / key_file: {e}")))?;
+        }
+        connector = connector.with_tls(options);
+    } else if access.ca_file.is_some() || access.cert_file.is_some() {
         return Err(fail(
-            &"TLS to ZooKeeper is not supported; use SASL (user and password) on a trusted network",
+            &"ca_file or cert_file is set but no server is tcp+tls://: write tcp+tls://host:port",
         ));
     }
-    let mut connector = zookeeper_client::Client::connector();
     if let Some((user, password)) = access.credentials().map_err(|e| fail(&e))? {
         connector = connector.with_sasl(zookeeper_client::SaslOptions::digest_md5(
             user,

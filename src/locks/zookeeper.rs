@@ -34,6 +34,9 @@ async fn connect(
         .await
         .map_err(|e| match e {
             zk::Error::AuthFailed => failed(&"SASL authentication failed (the user or password is wrong, or the server wants SASL and none is configured)"),
+            // The client retries a failed handshake until the session
+            // timeout, and then says only that.
+            zk::Error::Timeout if servers.contains("tcp+tls://") => failed(&"no TLS session within the session timeout (is the port ZooKeeper's secureClientPort? does ca_file hold the CA that signed its certificate? does it want a client certificate?)"),
             e => failed(&e),
         })
 }
@@ -45,7 +48,8 @@ pub async fn check(servers: &str, access: &AccessConfig) -> Result<(), (bool, St
         Ok(_) => Ok(()),
         Err(e) => {
             let e = e.to_string();
-            Err((e.contains("SASL") || e.contains("not supported"), e))
+            let permanent = ["SASL", "ca_file", "tcp+tls", "TLS session"];
+            Err((permanent.iter().any(|p| e.contains(p)), e))
         }
     }
 }

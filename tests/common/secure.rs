@@ -3,7 +3,7 @@
 //! certificates it signs (made with rcgen), a 3-member etcd with client
 //! and peer TLS, client-certificate auth and RBAC users; Redis with only a
 //! TLS port and an ACL user; PostgreSQL with `ssl=on` and SCRAM passwords;
-//! ZooKeeper that demands SASL DIGEST-MD5. All on loopback, stopped on drop.
+//! ZooKeeper that demands SASL DIGEST-MD5 and serves TLS. All on loopback, stopped on drop.
 
 use super::{free_port, poll_until, scratch_dir, tail};
 use rcgen::{
@@ -75,6 +75,12 @@ impl Pki {
         ] {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
+        // ZooKeeper's PEM key store: the certificate and its key in one file.
+        std::fs::write(
+            dir.path().join("server-bundle.pem"),
+            format!("{server}{server_key}"),
+        )
+        .unwrap();
         std::fs::write(dir.path().join("password"), format!("{PASSWORD}\n")).unwrap();
         std::fs::write(dir.path().join("wrong-password"), "not-the-password\n").unwrap();
         // Readable by the postgres user, which copies nothing itself.
@@ -424,4 +430,35 @@ pub fn zookeeper_sasl(dir: &Path) -> (String, Vec<String>) {
             .to_string(),
     ];
     (cfg, jvm)
+}
+
+/// ZooKeeper demanding SASL (as [`zookeeper_sasl`]) and serving TLS on
+/// `secure_port` (Netty, PEM key and trust stores, client certificates
+/// required: ZooKeeper's default). The plain port stays for the harness's
+/// readiness probe; without SASL it serves no session either.
+pub fn zookeeper_secure(
+    pki: &Pki,
+    secure_port: u16,
+) -> impl FnOnce(&Path) -> (String, Vec<String>) + '_ {
+    move |dir| {
+        let (mut cfg, mut jvm) = zookeeper_sasl(dir);
+        cfg.push_str(&format!(
+            "secureClientPort={secure_port}\nsecureClientPortAddress=127.0.0.1\n"
+        ));
+        let f = |n: &str| pki.path(n).display().to_string();
+        for (k, v) in [
+            (
+                "serverCnxnFactory",
+                "org.apache.zookeeper.server.NettyServerCnxnFactory".to_string(),
+            ),
+            ("ssl.keyStore.location", f("server-bundle.pem")),
+            ("ssl.keyStore.type", "PEM".to_string()),
+            ("ssl.trustStore.location", f("ca.pem")),
+            ("ssl.trustStore.type", "PEM".to_string()),
+            ("ssl.clientAuth", "need".to_string()),
+        ] {
+            jvm.push(format!("-Dzookeeper.{k}={v}"));
+        }
+        (cfg, jvm)
+    }
 }

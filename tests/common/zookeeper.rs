@@ -7,8 +7,10 @@ use super::{free_port, wait_until};
 use std::io::{Read, Write};
 use std::process::{Child, Command};
 
-/// The Debian package's jar; its manifest names the jars it depends on.
-const CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar";
+/// The Debian package's jar; its manifest names the jars it depends on,
+/// all but netty-codec, which the Netty connection factory (TLS) needs.
+const CLASSPATH: &str =
+    "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/netty-codec.jar";
 
 pub struct ZooKeeper {
     /// `127.0.0.1:PORT`, the client address.
