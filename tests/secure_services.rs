@@ -136,10 +136,25 @@ fn etcd_demands_tls_and_a_password_and_fencegate_lock_meets_both() {
         "--key-file",
         &p(&pki, "rogue-client-key.pem"),
     );
-    refused(&lock(&service, &rogue_client), &["etcd https://127.0.0.1"]);
+    refused(
+        &lock(&service, &rogue_client),
+        &["etcd https://127.0.0.1", "client certificate"],
+    );
+    let expired_client = with(
+        &with(&good, "--cert-file", &p(&pki, "expired-client.pem")),
+        "--key-file",
+        &p(&pki, "expired-client-key.pem"),
+    );
+    refused(
+        &lock(&service, &expired_client),
+        &["etcd https://127.0.0.1"],
+    );
     let plain_service = vec!["--etcd".to_string(), plain];
     let no_tls: Vec<String> = good[6..].to_vec(); // --user and --password-file only
-    refused(&lock(&plain_service, &no_tls), &["etcd http://127.0.0.1"]);
+    refused(
+        &lock(&plain_service, &no_tls),
+        &["etcd http://127.0.0.1", "write https://"],
+    );
 }
 
 #[test]
@@ -172,7 +187,10 @@ fn redis_demands_tls_and_an_acl_user_and_fencegate_lock_meets_both() {
         "--redis".to_string(),
         redis.url.replace("rediss://", "redis://"),
     ];
-    refused(&lock(&plain, &good[6..]), &["redis redis://127.0.0.1"]);
+    refused(
+        &lock(&plain, &good[6..]),
+        &["redis redis://127.0.0.1", "rediss://"],
+    );
     // A password in the URL works, and never shows in a message.
     let inline = |pw: &str| {
         let url = redis
@@ -385,6 +403,19 @@ async fn eager_fencing_and_cluster_mode_over_a_secure_etcd() {
         "{err}"
     );
     assert_no_secret(&err);
+    // So does an expired client certificate, with no password to try.
+    let expired: String = bad_config(&replicas[0], &pki)
+        .replace(&p(&pki, "client.pem"), &p(&pki, "expired-client.pem"))
+        .replace(
+            &p(&pki, "client-key.pem"),
+            &p(&pki, "expired-client-key.pem"),
+        )
+        .lines()
+        .filter(|l| !l.starts_with("user =") && !l.starts_with("password_file ="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (_, err) = start_fails(&expired);
+    assert!(err.contains("client certificate"), "{err}");
 }
 
 /// Runs fencegate on `config`, expecting start-up to fail: its exit code

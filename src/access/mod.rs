@@ -96,7 +96,40 @@ pub async fn etcd_connect(
     let opts = etcd_options(endpoints, base, access)?;
     etcd_client::Client::connect(endpoints, Some(opts))
         .await
-        .map_err(|e| failure("etcd", &endpoints.join(","), etcd_error(&e)))
+        .map_err(|e| etcd_failure(endpoints, access, &e))
+}
+
+/// `etcd ENDPOINTS: what failed (what it likely means)`.
+pub fn etcd_failure(endpoints: &[String], access: &AccessConfig, e: &etcd_client::Error) -> String {
+    let mut text = etcd_error(e);
+    if closed_early(&text) {
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
+        text.push_str(match (https, access.cert_file.is_some()) {
+            (false, _) => " (the server closed the connection: if it serves TLS, write https://)",
+            (true, false) => {
+                " (the server closed the connection: does it want a client certificate?)"
+            }
+            (true, true) => {
+                " (the server closed the connection: it refuses the client certificate, expired or from another CA?)"
+            }
+        });
+    }
+    failure("etcd", &endpoints.join(","), text)
+}
+
+/// A connection the server closed before answering: how a TLS server
+/// refusing a client certificate (TLS 1.3), or a TLS port spoken to in
+/// plain text, looks from the client.
+fn closed_early(text: &str) -> bool {
+    [
+        "connection closed",
+        "broken pipe",
+        "Connection reset",
+        "operation was canceled",
+        "fatal alert",
+    ]
+    .iter()
+    .any(|s| text.contains(s))
 }
 
 /// What an etcd error means, in words an operator acts on.
@@ -125,6 +158,7 @@ pub fn etcd_error_is_permanent(e: &str) -> bool {
         "permission denied",
         "certificate",
         "HTTP/2 was not negotiated",
+        "write https://",
     ]
     .iter()
     .any(|s| e.contains(s))
@@ -182,6 +216,9 @@ pub fn redis_error(e: &redis::RedisError) -> String {
         }
         _ if e.to_string().contains("UnknownIssuer") => {
             " (the server's certificate is not signed by a trusted CA: check ca_file)"
+        }
+        _ if closed_early(&e.to_string()) => {
+            " (the server closed the connection: a TLS port takes rediss://, and a refused client certificate looks the same)"
         }
         _ => "",
     };

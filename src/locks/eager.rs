@@ -78,8 +78,7 @@ pub async fn check_access(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<
         let r = crate::access::etcd_connect(&locks.etcd_endpoints, base, &locks.etcd_access).await;
         let r = match r {
             Ok(mut c) => c.status().await.map(|_| ()).map_err(|e| {
-                let e = crate::access::etcd_error(&e);
-                crate::access::failure("etcd", &locks.etcd_endpoints.join(","), e)
+                crate::access::etcd_failure(&locks.etcd_endpoints, &locks.etcd_access, &e)
             }),
             Err(e) => Err(e),
         };

@@ -19,8 +19,9 @@ pub const ROOT_PASSWORD: &str = "root-pass-4c2f8b17";
 /// fencegate's user name at every service.
 pub const USER: &str = "fencegate";
 
-/// A CA with a server and a client certificate, and a second CA nobody
-/// trusts with a client certificate of its own. PEM files in `dir`.
+/// A CA with a server and a client certificate (and one that expired in
+/// 2021), and a second CA nobody trusts with a client certificate of its
+/// own. PEM files in `dir`.
 pub struct Pki {
     pub dir: tempfile::TempDir,
 }
@@ -31,10 +32,21 @@ fn leaf(
     usages: Vec<ExtendedKeyUsagePurpose>,
     issuer: &Issuer<'_, KeyPair>,
 ) -> (String, String) {
+    leaf_with(cn, sans, usages, issuer, |_| {})
+}
+
+fn leaf_with(
+    cn: &str,
+    sans: &[&str],
+    usages: Vec<ExtendedKeyUsagePurpose>,
+    issuer: &Issuer<'_, KeyPair>,
+    adjust: impl FnOnce(&mut CertificateParams),
+) -> (String, String) {
     let mut p =
         CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
     p.distinguished_name.push(DnType::CommonName, cn);
     p.extended_key_usages = usages;
+    adjust(&mut p);
     let key = KeyPair::generate().unwrap();
     let cert = p.signed_by(&key, issuer).unwrap();
     (cert.pem(), key.serialize_pem())
@@ -63,6 +75,10 @@ impl Pki {
         );
         let (client, client_key) = leaf(USER, &[], vec![ClientAuth], &issuer);
         let (rogue_client, rogue_key) = leaf(USER, &[], vec![ClientAuth], &rogue);
+        let (expired, expired_key) = leaf_with(USER, &[], vec![ClientAuth], &issuer, |p| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        });
         for (name, text) in [
             ("ca.pem", &ca_pem),
             ("server.pem", &server),
@@ -70,6 +86,8 @@ impl Pki {
             ("client.pem", &client),
             ("client-key.pem", &client_key),
             ("rogue-ca.pem", &rogue_pem),
+            ("expired-client.pem", &expired),
+            ("expired-client-key.pem", &expired_key),
             ("rogue-client.pem", &rogue_client),
             ("rogue-client-key.pem", &rogue_key),
         ] {

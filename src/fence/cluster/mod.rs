@@ -128,13 +128,32 @@ async fn call<T>(
 /// side refuses, stops start-up; etcd merely unreachable does not (the
 /// client authenticates on its first request instead).
 async fn connect_etcd(cfg: &ClusterConfig, base: ConnectOptions) -> Result<Client, String> {
-    use crate::access::{etcd_error, etcd_error_is_permanent, etcd_options, failure};
+    use crate::access::{
+        etcd_connect, etcd_error, etcd_error_is_permanent, etcd_failure, etcd_options,
+    };
     let cannot = |e: String| format!("cluster: cannot reach etcd: {e}");
     let access = &cfg.etcd_access;
-    let opts = etcd_options(&cfg.etcd_endpoints, base.clone(), access).map_err(cannot)?;
-    let e = match Client::connect(&cfg.etcd_endpoints, Some(opts)).await {
-        Ok(c) => return Ok(c),
-        Err(e) => failure("etcd", &cfg.etcd_endpoints.join(","), etcd_error(&e)),
+    let e = match etcd_connect(&cfg.etcd_endpoints, base.clone(), access).await {
+        Ok(mut c) => {
+            // A client without a user connects lazily: one request finds a
+            // certificate either side refuses now rather than later.
+            let probe = tokio::time::timeout(Duration::from_secs(3), c.status()).await;
+            match probe {
+                Ok(Err(e)) => {
+                    let e = etcd_failure(&cfg.etcd_endpoints, access, &e);
+                    if etcd_error_is_permanent(&e) {
+                        return Err(cannot(e));
+                    }
+                    tracing::warn!(error = %e, "cluster: etcd not reachable at start-up; not ready until it is");
+                }
+                Err(_) => tracing::warn!(
+                    "cluster: etcd did not answer at start-up; not ready until it does"
+                ),
+                Ok(Ok(_)) => {}
+            }
+            return Ok(c);
+        }
+        Err(e) => e,
     };
     let Some((user, password)) = access.credentials().map_err(cannot)? else {
         return Err(cannot(e));
