@@ -74,52 +74,96 @@ impl ReadConditions {
     }
 }
 
+/// What a GET or HEAD reads: the record, once its version and conditions
+/// have passed, and the bytes asked for (`whole` when that is all of them).
+struct Selected {
+    record: ObjectRecord,
+    range: std::ops::Range<u64>,
+    whole: bool,
+}
+
+impl Selected {
+    fn content_length(&self) -> i64 {
+        (self.range.end - self.range.start) as i64
+    }
+
+    fn content_range(&self) -> Option<String> {
+        let r = &self.range;
+        (!self.whole).then(|| {
+            format!(
+                "bytes {}-{}/{}",
+                r.start,
+                r.end.max(1) - 1,
+                self.record.size
+            )
+        })
+    }
+}
+
 impl Store {
+    /// The one way GET and HEAD pick what they read: the version (only
+    /// `null`), the object, its conditions, the range or part.
+    async fn select(
+        &self,
+        (bucket, key, version): (&str, &str, Option<&str>),
+        conditions: ReadConditions,
+        range: Option<&Range>,
+        part: Option<i32>,
+    ) -> S3Result<Selected> {
+        check_version(version)?;
+        let record = self.object(bucket, key).await?;
+        let modified = timestamp(record.last_modified_ms);
+        conditions.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
+        let (range, whole) = byte_range(&record, range, part)?;
+        Ok(Selected {
+            record,
+            range,
+            whole,
+        })
+    }
+
     pub(super) async fn get_object(
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
-        check_version(input.version_id.as_deref())?;
-        let record = self.object(&input.bucket, &input.key).await?;
-        let modified = timestamp(record.last_modified_ms);
-        ReadConditions {
+        let conditions = ReadConditions {
             if_match: input.if_match,
             if_none_match: input.if_none_match,
             if_modified_since: input.if_modified_since,
             if_unmodified_since: input.if_unmodified_since,
-        }
-        .check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
-        let (range, whole) = byte_range(&record, input.range.as_ref(), input.part_number)?;
+        };
+        let sel = self
+            .select(
+                (&input.bucket, &input.key, input.version_id.as_deref()),
+                conditions,
+                input.range.as_ref(),
+                input.part_number,
+            )
+            .await?;
+        let record = &sel.record;
         let segments = record
             .segments
             .iter()
             .map(|s| (s.blob, s.offset, s.len))
             .collect();
         let reading = self.blobs.hold_for_read(record.blobs().collect());
-        let stream = self.blobs.read(segments, range.start, range.end);
+        let stream = self.blobs.read(segments, sel.range.start, sel.range.end);
         let stream = futures_util::StreamExt::map(stream, move |piece| {
             let _still_reading = &reading;
             piece
         });
         let mut out = GetObjectOutput {
             body: Some(StreamingBlob::wrap(stream)),
-            content_length: Some((range.end - range.start) as i64),
-            content_range: (!whole).then(|| {
-                format!(
-                    "bytes {}-{}/{}",
-                    range.start,
-                    range.end.max(1) - 1,
-                    record.size
-                )
-            }),
+            content_length: Some(sel.content_length()),
+            content_range: sel.content_range(),
             accept_ranges: Some("bytes".into()),
             ..Default::default()
         };
         describe(
-            &record,
+            record,
             &mut out,
-            whole && checksum_wanted(input.checksum_mode.as_ref()),
+            sel.whole && checksum_wanted(input.checksum_mode.as_ref()),
         );
         Ok(S3Response::new(out))
     }
@@ -129,33 +173,29 @@ impl Store {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = req.input;
-        check_version(input.version_id.as_deref())?;
-        let record = self.object(&input.bucket, &input.key).await?;
-        let modified = timestamp(record.last_modified_ms);
-        ReadConditions {
+        let conditions = ReadConditions {
             if_match: input.if_match,
             if_none_match: input.if_none_match,
             if_modified_since: input.if_modified_since,
             if_unmodified_since: input.if_unmodified_since,
-        }
-        .check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
-        let (range, whole) = byte_range(&record, input.range.as_ref(), input.part_number)?;
+        };
+        let sel = self
+            .select(
+                (&input.bucket, &input.key, input.version_id.as_deref()),
+                conditions,
+                input.range.as_ref(),
+                input.part_number,
+            )
+            .await?;
         let mut got = GetObjectOutput::default();
         describe(
-            &record,
+            &sel.record,
             &mut got,
-            whole && checksum_wanted(input.checksum_mode.as_ref()),
+            sel.whole && checksum_wanted(input.checksum_mode.as_ref()),
         );
         Ok(S3Response::new(HeadObjectOutput {
-            content_length: Some((range.end - range.start) as i64),
-            content_range: (!whole).then(|| {
-                format!(
-                    "bytes {}-{}/{}",
-                    range.start,
-                    range.end.max(1) - 1,
-                    record.size
-                )
-            }),
+            content_length: Some(sel.content_length()),
+            content_range: sel.content_range(),
             accept_ranges: Some("bytes".into()),
             e_tag: got.e_tag,
             last_modified: got.last_modified,
