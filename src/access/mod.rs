@@ -126,7 +126,6 @@ fn closed_early(text: &str) -> bool {
         "broken pipe",
         "Connection reset",
         "operation was canceled",
-        "fatal alert",
     ]
     .iter()
     .any(|s| text.contains(s))
@@ -141,8 +140,16 @@ pub fn etcd_error(e: &etcd_client::Error) -> String {
         " (a user is configured but etcd's auth is off: drop the user, or `etcdctl auth enable`)"
     } else if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
         " (the server's certificate is not signed by a trusted CA: check ca_file)"
-    } else if text.contains("certificate required") || text.contains("bad certificate") {
-        " (the server refused the client certificate: check cert_file and key_file)"
+    } else if [
+        "BadCertificate",
+        "CertificateRequired",
+        "CertificateExpired",
+        "UnknownCA",
+    ]
+    .iter()
+    .any(|alert| text.contains(alert))
+    {
+        " (the server refused the client certificate: check cert_file and key_file, and their expiry)"
     } else {
         ""
     };
