@@ -112,9 +112,11 @@
 //!   graceful shutdown).
 //! - [`cli`] (→ config, bench): flags and config overrides; `main.rs` is
 //!   thin: CLI, config, logging, run.
-//! - [`bench`](mod@bench) (→ s3, config): `fencegate bench`, the measuring tools of
-//!   BENCHMARKS.md: the SigV4 load generator (`load.rs`), the discarding
-//!   S3 sink (`sink.rs`), the report (`report.rs`).
+//! - [`bench`](mod@bench) (→ s3, config, store, upstream, tls): `fencegate
+//!   bench`, the measuring tools of BENCHMARKS.md: the SigV4 load generator
+//!   (`load.rs`), the discarding S3 sink (`sink.rs`), the embedded store
+//!   alone (`store.rs`), the forwarding hop's floor (`relay.rs`), the
+//!   report (`report.rs`).
 //!
 //! Outside `src/`: `benches/gate.rs` (criterion: checks, admission, durable
 //! raise), `examples/resource_memory.rs` (memory per resource), `tests/`

@@ -201,9 +201,9 @@ fn lock(a: LockArgs) -> ExitCode {
 }
 
 fn bench(b: fencegate::bench::BenchArgs) -> ExitCode {
-    use fencegate::bench::{BenchCommand, load, sink, store};
+    use fencegate::bench::{BenchCommand, load, relay, sink, store};
     let threads = match &b.command {
-        Some(BenchCommand::Sink(_) | BenchCommand::Store(_)) => 2,
+        Some(BenchCommand::Sink(_) | BenchCommand::Store(_) | BenchCommand::Relay(_)) => 2,
         None => b.load.threads.max(1),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -214,6 +214,7 @@ fn bench(b: fencegate::bench::BenchArgs) -> ExitCode {
     let result = match b.command {
         Some(BenchCommand::Sink(s)) => rt.block_on(sink::run(s)).map_err(|e| e.to_string()),
         Some(BenchCommand::Store(s)) => rt.block_on(store::run(s)),
+        Some(BenchCommand::Relay(r)) => rt.block_on(relay::run(r)),
         None => {
             let json = b.load.json;
             rt.block_on(load::run(b.load)).and_then(|report| {

@@ -6,11 +6,14 @@
 //! - `sink.rs`: an in-memory S3 stand-in that accepts and discards, so that
 //!   a run through fencegate to it shows fencegate's own cost;
 //! - `store.rs`: the embedded store on its own port, to compare stores;
+//! - `relay.rs`: the floor of a forwarding hop between replicas (a
+//!   streaming relay that picks an owner by the path's hash);
 //! - `report.rs`: what a run measured, as a human line and a JSON line.
 //!
 //! `scripts/bench` drives them against Garage, the sink, nginx and fencegate.
 
 pub mod load;
+pub mod relay;
 pub mod report;
 pub mod sink;
 pub mod store;
@@ -38,6 +41,9 @@ pub enum BenchCommand {
     /// The embedded store on its own (no proxy in front), to set beside
     /// other stores.
     Store(store::StoreArgs),
+    /// A streaming HTTP relay to the owner its path hashes to: the floor of
+    /// a forwarding hop between replicas.
+    Relay(relay::RelayArgs),
 }
 
 /// Parses `4096`, `4KiB`, `1MiB`, `256MiB`, `2GiB` (also `K`, `M`, `G`).
