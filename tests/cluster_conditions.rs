@@ -5,7 +5,9 @@
 //! write at another. Garage, which ignores every condition, is the store.
 //!
 //! With the cluster switched off (`FENCEGATE_TEST_CLUSTER_OFF=1`: each
-//! replica holds objects for itself only) both tests fail.
+//! replica holds objects for itself only) these tests fail; the fenced one
+//! also fails when the hold its admission put does not wait for the
+//! conditional write's.
 
 mod common;
 
@@ -98,17 +100,33 @@ async fn racing_put_if_absent_over_three_replicas_has_one_winner() {
 
 #[tokio::test]
 async fn an_unconditional_write_at_one_replica_waits_for_a_conditional_one_at_another() {
+    unconditional_waits_for_conditional("free/k", None).await;
+}
+
+/// The same on a fenced key: there the unconditional write's hold is put
+/// by its admission transaction, not by one of its own (docs/cluster.md).
+#[tokio::test]
+async fn a_fenced_write_at_one_replica_waits_for_a_conditional_one_at_another() {
+    unconditional_waits_for_conditional("fenced/k", Some(7)).await;
+}
+
+async fn unconditional_waits_for_conditional(key: &str, token: Option<u64>) {
     let etcd = EtcdCluster::start();
     let garage = common::garage::Garage::start();
     let fg = replicas(&garage, &etcd);
     common::ensure_bucket(&common::sdk(&fg[0].endpoint()), "demo").await;
     let a = Arc::new(RawClient::new(&fg[0].endpoint()));
     let b = Arc::new(RawClient::new(&fg[1].endpoint()));
+    let path = format!("/demo/{key}");
+    let tokened = |req: RawRequest| match token {
+        Some(t) => req.header("x-amz-meta-fencing-token", &t.to_string()),
+        None => req,
+    };
 
     // A: put-if-absent, its body held open by the test after the first
     // bytes, so that it holds the object (checked, writing).
     let (tx, source) = Source::channel(10);
-    let mut req = RawRequest::new(http::Method::PUT, "/demo/free/k").header("if-none-match", "*");
+    let mut req = tokened(RawRequest::new(http::Method::PUT, &path)).header("if-none-match", "*");
     req.body = Some(source);
     let pending_a = tokio::spawn(async move { a.send(req).await });
     tx.send(Bytes::from_static(b"by A")).await.unwrap();
@@ -116,8 +134,8 @@ async fn an_unconditional_write_at_one_replica_waits_for_a_conditional_one_at_an
 
     // B: an unconditional write of the same object at another replica. It
     // must not land while A holds the object.
-    let pending_b =
-        tokio::spawn(async move { b.send(RawRequest::put("/demo/free/k", "by B")).await });
+    let req = tokened(RawRequest::put(&path, "by B"));
+    let pending_b = tokio::spawn(async move { b.send(req).await });
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(
         !pending_b.is_finished(),
@@ -131,13 +149,7 @@ async fn an_unconditional_write_at_one_replica_waits_for_a_conditional_one_at_an
     let b = pending_b.await.unwrap().unwrap();
     assert_eq!(b.status, 200, "{}", b.body);
     let c = common::sdk(&fg[2].endpoint());
-    let got = c
-        .get_object()
-        .bucket("demo")
-        .key("free/k")
-        .send()
-        .await
-        .unwrap();
+    let got = c.get_object().bucket("demo").key(key).send().await.unwrap();
     assert_eq!(
         &got.body.collect().await.unwrap().into_bytes()[..],
         b"by B",

@@ -218,6 +218,14 @@ impl ObjectHold {
         }
     }
 
+    /// Cluster mode: the shared hold a write's admission put in etcd
+    /// together with its registration (`Gate::admit_sharing`).
+    pub fn in_cluster(hold: Registration) -> ObjectHold {
+        let mut held = ObjectHold::none();
+        held.shared.push(hold);
+        held
+    }
+
     pub fn is_empty(&self) -> bool {
         self.stripe.is_none() && self.shared.is_empty()
     }
@@ -275,6 +283,13 @@ impl Holds {
     /// write are two steps again. Unsafe; exists to show what the hold does.
     pub fn set_off(&mut self, off: bool) {
         self.off = off;
+    }
+
+    /// Cluster mode: whether a fenced write's shared hold is put by its
+    /// admission, in the same etcd transaction, rather than by a
+    /// transaction of its own.
+    pub fn shared_in_admission(&self) -> bool {
+        !self.off && self.cluster.is_some()
     }
 
     /// Objects held alone or waited for in this process now (tests).

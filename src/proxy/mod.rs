@@ -10,12 +10,14 @@
 //!    would read as another object are refused here;
 //! 4. `authorize`: the credential may use the bucket, the copy source's
 //!    bucket, and administer the bucket for bucket-level writes;
-//! 5. `token`: the token from its carriers (signed ones only), or the one
-//!    that created the multipart upload the request belongs to;
-//! 6. `fence`: resource from the rules, admission through the gate (check,
-//!    durable raise, ordering barrier); then `hold_object`
+//! 5. `token` (`admit.rs`): the token from its carriers (signed ones only),
+//!    or the one that created the multipart upload the request belongs to;
+//! 6. `fence` (`admit.rs`): resource from the rules, admission through the
+//!    gate (check, durable raise, ordering barrier); then `hold_object`
 //!    (`conditional.rs`): a write that replaces or deletes its object holds
-//!    it, and its conditions are judged under the hold (CONTRACT §8);
+//!    it, and its conditions are judged under the hold (CONTRACT §8). In
+//!    cluster mode an unconditional fenced write's shared hold is put by its
+//!    admission, in the same etcd transaction;
 //! 7. `upstream_request` (`outgoing.rs`): the body pipeline and the
 //!    headers the backend gets, token stamped; then the variations of
 //!    CopyObject (`copy.rs`) and DeleteObjects (`multi_delete.rs`);
@@ -31,6 +33,7 @@
 //! backend allows a browser's origin), and one log event per request is
 //! written there at the end.
 
+mod admit;
 mod conditional;
 mod copy;
 mod forward;
@@ -41,9 +44,9 @@ mod small_body;
 
 use crate::body::{ProxyBody, full};
 use crate::config::{Config, Credential};
-use crate::fence::gate::{Gate, Kind, Permit};
+use crate::fence::gate::{Gate, Permit};
 use crate::fence::hold::ObjectHold;
-use crate::fence::resource::{Fencing, Resolver};
+use crate::fence::resource::Resolver;
 use crate::fence::token::Carriers;
 use crate::metric_names as m;
 use crate::s3::auth::{self, Credentials, Verified};
@@ -127,6 +130,8 @@ struct Fenced {
     resource: Option<String>,
     token: Option<u64>,
     permit: Option<Arc<Permit>>,
+    /// Cluster mode: the object's shared hold, put by the admission.
+    hold: Option<Arc<ObjectHold>>,
 }
 
 fn is_presign_param(k: &str) -> bool {
@@ -273,10 +278,13 @@ impl Proxy {
         let versioned = query::has_query_param(&query, "versionId");
         let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
-        let fenced = self.fence(ctx, &op, token).await?;
-        let hold = match self.hold_at_once(&op, conditions.as_ref()) {
-            Some(hold) => hold,
-            None => Box::pin(self.hold_object(&head.headers, &op, conditions.as_ref())).await?,
+        let fenced = self.fence(ctx, &op, token, conditions.is_none()).await?;
+        let hold = match (fenced.hold.clone(), &conditions) {
+            (Some(hold), _) => hold,
+            (None, c) => match self.hold_at_once(&op, c.as_ref()) {
+                Some(hold) => hold,
+                None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref())).await?,
+            },
         };
         let admitted = Admitted {
             verified,
@@ -448,101 +456,6 @@ impl Proxy {
             )));
         }
         Ok(())
-    }
-
-    /// Phase 5: the request's token, from a carrier its signature covers,
-    /// or inherited from the multipart upload it belongs to.
-    async fn token(
-        &self,
-        ctx: &mut RequestCtx,
-        head: &Parts,
-        query: &[Param<'_>],
-        verified: &Verified,
-        op: &Operation,
-    ) -> Result<Option<u64>, S3Error> {
-        // An unsigned token header is never used where a signature is
-        // required of it: it is ignored beside a signed carrier (rclone
-        // sends both), and refused alone (anyone holding a presigned URL
-        // could otherwise raise a fence for good).
-        let header = &self.carriers.header;
-        let unsigned_header =
-            head.headers.contains_key(header) && !verified.signs_header(header.as_str());
-        let token = if unsigned_header && (verified.presigned || self.require_signed_token) {
-            let signed = self
-                .carriers
-                .extract_without_header(&head.headers, query)
-                .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?;
-            Some(signed.ok_or_else(|| {
-                S3Error::InvalidFencingToken(format!(
-                    "the {header} header is not covered by the request's signature: sign it, \
-                     or carry the token in the {} query parameter (covered by a presigned \
-                     URL's signature) or in the {} header (always signed)",
-                    self.carriers.query, self.carriers.meta_header,
-                ))
-            })?)
-        } else {
-            self.carriers
-                .extract(&head.headers, query)
-                .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?
-        };
-        // (No tuple of borrows is held across an await here: that makes the
-        // future's Send-ness unprovable to rustc.)
-        let upload = match (token, &op.upload_id, &op.bucket, &op.key) {
-            (None, Some(u), Some(b), Some(k)) => Some(upload_key(b, k, u)),
-            _ => None,
-        };
-        let token = match upload {
-            Some(upload) => self
-                .gate
-                .store()
-                .upload_token(&upload)
-                .await
-                .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?,
-            None => token,
-        };
-        ctx.token = token;
-        Ok(token)
-    }
-
-    /// Phase 6: admission through the gate.
-    async fn fence(
-        &self,
-        ctx: &mut RequestCtx,
-        op: &Operation,
-        token: Option<u64>,
-    ) -> Result<Fenced, S3Error> {
-        let none = Fenced {
-            resource: None,
-            token,
-            permit: None,
-        };
-        let (bucket, key) = match (&op.bucket, &op.key) {
-            (Some(b), Some(k)) => (b, k),
-            _ => return Ok(none),
-        };
-        let kind = match op.access() {
-            Access::ObjectWrite => Kind::Write,
-            Access::ObjectRead => Kind::Read,
-            _ => return Ok(none),
-        };
-        let Fencing::Fenced(resource) = self.resolver.resolve(bucket, key) else {
-            return Ok(none);
-        };
-        ctx.resource = Some(resource.clone());
-        let token = match (token, kind) {
-            (Some(t), _) => t,
-            (None, Kind::Read) => return Ok(none),
-            (None, Kind::Write) => return Err(S3Error::MissingFencingToken(resource)),
-        };
-        let admitting = Instant::now();
-        let admitted = self.gate.admit(&resource, token, kind).await;
-        m::handles::admission_wait().record(admitting.elapsed().as_secs_f64());
-        let permit = admitted.map_err(|r| S3Error::from_refusal(r, &resource))?;
-        Ok(Fenced {
-            resource: Some(resource),
-            token: Some(token),
-            permit: permit.map(Arc::new),
-        })
     }
 
     /// Phase 9: the backend's answer to the client.

@@ -3,23 +3,20 @@
 //! lease.
 //!
 //! A write puts its key under the object's prefix and reads the prefix in
-//! one transaction. Keys made before its own (a lower create revision) are
+//! one transaction (its own here; for a fenced write without conditions,
+//! its admission's, `keys::admission`). Keys made before its own (a lower create revision) are
 //! the writes it must follow: every one of them when it holds alone, only
 //! those holding alone when it shares. It then waits until those are gone
 //! (their write ended, or their replica's lease expired, after which the
 //! quarantine is waited out too, as for the ordering barrier). Revisions
 //! order every hold of the object, so waits never go round in a circle.
 
-use super::keys::prefix_end;
+use super::keys::{ALONE, HoldSeen, SHARED, holds_before, prefix_end};
 use super::{Cluster, ClusterError, Lower, Registration, WaitError, call};
 use etcd_client::{GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// How a hold's key says it holds.
-const ALONE: &str = "alone";
-const SHARED: &str = "shared";
 
 impl Cluster {
     /// Holds `object` (`bucket/key`) until the registration returned is
@@ -41,12 +38,34 @@ impl Cluster {
             .put_hold(&reg, &base, &end, alone, deadline)
             .await
             .map_err(failed)?;
-        if !before.is_empty() {
-            let end = String::from_utf8(end).expect("the prefix end of UTF-8 is UTF-8 here");
-            self.wait_range_gone(object, (&base, &end), before, revision, deadline)
-                .await?;
-        }
+        self.wait_holds_gone(object, before, revision, deadline)
+            .await?;
         Ok(reg)
+    }
+
+    /// A hold on `object`, made under the current lease, for an admission
+    /// to put together with its registration ([`super::keys::Puts`]).
+    pub fn hold_key(self: &Arc<Self>, object: &str) -> Result<Registration, ClusterError> {
+        self.register(|keys, replica, seq| keys.hold(object, replica, seq))
+    }
+
+    /// Waits until every hold in `before` (read on `object` at `revision`)
+    /// is gone, plus the expiry hold if one went with its lease.
+    pub async fn wait_holds_gone(
+        &self,
+        object: &str,
+        before: Lower,
+        revision: i64,
+        deadline: Instant,
+    ) -> Result<(), WaitError> {
+        if before.is_empty() {
+            return Ok(());
+        }
+        let base = self.keys.hold_base(object);
+        let end = prefix_end(&base);
+        let end = String::from_utf8(end).expect("the prefix end of UTF-8 is UTF-8 here");
+        self.wait_range_gone(object, (&base, &end), before, revision, deadline)
+            .await
     }
 
     /// Puts the hold's key and reads the object's other holds, retried
@@ -99,16 +118,7 @@ fn read_holds(
     let Some(TxnOpResponse::Get(got)) = resp.op_responses().into_iter().nth(1) else {
         return Err(ClusterError::Etcd("hold answer without its range".into()));
     };
-    let kvs = got.kvs();
-    let me = kvs
-        .iter()
-        .find(|kv| kv.key() == mine.as_bytes())
-        .ok_or_else(|| ClusterError::Etcd("the hold just put is not there".into()))?;
-    let before = kvs
-        .iter()
-        .filter(|kv| kv.create_revision() < me.create_revision())
-        .filter(|kv| alone || kv.value() == ALONE.as_bytes())
-        .map(|kv| (kv.key().to_vec(), kv.lease()))
-        .collect();
+    let seen: Vec<HoldSeen> = got.kvs().iter().map(HoldSeen::of).collect();
+    let before = holds_before(&seen, mine, alone).map_err(ClusterError::Etcd)?;
     Ok((before, revision))
 }

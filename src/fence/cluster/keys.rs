@@ -118,51 +118,106 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
+/// A hold on an object as the admission (or the hold's own transaction)
+/// read it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HoldSeen {
+    pub key: Vec<u8>,
+    pub lease: i64,
+    pub created: i64,
+    pub alone: bool,
+}
+
+/// How a hold's key says it holds.
+pub const ALONE: &str = "alone";
+pub const SHARED: &str = "shared";
+
+impl HoldSeen {
+    pub fn of(kv: &etcd_client::KeyValue) -> HoldSeen {
+        HoldSeen {
+            key: kv.key().to_vec(),
+            lease: kv.lease(),
+            created: kv.create_revision(),
+            alone: kv.value() == ALONE.as_bytes(),
+        }
+    }
+}
+
+/// Of the holds read on an object, those made before `mine` that a hold of
+/// its kind must wait for: every one when it holds alone, only those
+/// holding alone when it shares.
+pub fn holds_before(seen: &[HoldSeen], mine: &str, alone: bool) -> Result<super::Lower, String> {
+    let me = seen
+        .iter()
+        .find(|h| h.key == mine.as_bytes())
+        .ok_or("the hold just put is not there")?;
+    Ok(seen
+        .iter()
+        .filter(|h| h.created < me.created && (alone || h.alone))
+        .map(|h| (h.key.clone(), h.lease))
+        .collect())
+}
+
 /// What the admission transaction found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The fence is above the token.
     Stale(u64),
     /// The fence is now at `token` (`raised` when this transaction put it
-    /// there); `lower` are the in-flight writes below the token, as of
-    /// `revision`.
+    /// there); `lower` are the in-flight writes below the token, and
+    /// `holds` every hold on the object when the admission also shared it,
+    /// as of `revision`.
     Admitted {
         raised: bool,
         lower: super::Lower,
+        holds: Vec<HoldSeen>,
         revision: i64,
     },
+}
+
+/// What an admission puts under the replica's lease: the write's
+/// registration, and the shared hold of the object it writes, if any, in
+/// the same transaction (one round trip for both).
+pub struct Puts<'a> {
+    /// (key, lease)
+    pub registration: Option<(&'a str, i64)>,
+    /// (key, lease, object)
+    pub hold: Option<(&'a str, i64, &'a str)>,
 }
 
 /// One transaction, one round trip, whatever the fence's state:
 ///
 /// ```text
-/// if fence missing:        put fence=t; [put registration]; get lower
-/// elif fence < t:          put fence=t; [put registration]; get lower
-/// elif fence <= t (== t):  [put registration]; get lower
+/// if fence missing:        put fence=t; [put registration; put hold]; get lower; [get holds]
+/// elif fence < t:          put fence=t; [put registration; put hold]; get lower; [get holds]
+/// elif fence <= t (== t):  [put registration; put hold]; get lower; [get holds]
 /// else:                    get fence   (stale)
 /// ```
 ///
 /// An equal token writes no fence (no new revision, no watch event). The
-/// transaction is idempotent for one registration key, so a retry after an
-/// unknown result is safe.
-pub fn admission(
-    keys: &Keys,
-    resource: &str,
-    token: u64,
-    registration: Option<(&str, i64)>,
-    now_ms: u64,
-) -> Txn {
+/// transaction is idempotent for one registration and hold key, so a retry
+/// after an unknown result is safe.
+pub fn admission(keys: &Keys, resource: &str, token: u64, puts: Puts<'_>, now_ms: u64) -> Txn {
     let fence = keys.fence(resource);
     let (low, high) = keys.inflight_below(resource, token);
     let mut tail = Vec::new();
-    if let Some((key, lease)) = registration {
+    if let Some((key, lease)) = puts.registration {
         let opts = PutOptions::new().with_lease(lease);
         tail.push(TxnOp::put(key, "", Some(opts)));
+    }
+    if let Some((key, lease, _)) = puts.hold {
+        let opts = PutOptions::new().with_lease(lease);
+        tail.push(TxnOp::put(key, SHARED, Some(opts)));
     }
     tail.push(TxnOp::get(
         low,
         Some(GetOptions::new().with_range(high).with_keys_only()),
     ));
+    if let Some((_, _, object)) = puts.hold {
+        let base = keys.hold_base(object);
+        let end = prefix_end(&base);
+        tail.push(TxnOp::get(base, Some(GetOptions::new().with_range(end))));
+    }
     let mut raise = vec![TxnOp::put(
         fence.clone(),
         format!("{} {now_ms}", pad(token.into())),
@@ -199,17 +254,25 @@ pub fn outcome(resp: &etcd_client::TxnResponse, revision: i64) -> Result<Outcome
     for depth in 0..3 {
         let ops = level.op_responses();
         if level.succeeded() {
-            let lower = match ops.last() {
-                Some(TxnOpResponse::Get(g)) => g
-                    .kvs()
-                    .iter()
-                    .map(|kv| (kv.key().to_vec(), kv.lease()))
-                    .collect(),
-                _ => return Err("admission answer without its range".into()),
-            };
+            // The ranges come last: the lower writes, then the holds.
+            let mut ranges = ops.iter().filter_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.kvs()),
+                _ => None,
+            });
+            let lower = ranges
+                .next()
+                .ok_or("admission answer without its range")?
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.lease()))
+                .collect();
+            let holds = ranges
+                .next()
+                .map(|kvs| kvs.iter().map(HoldSeen::of).collect())
+                .unwrap_or_default();
             return Ok(Outcome::Admitted {
                 raised,
                 lower,
+                holds,
                 revision,
             });
         }
@@ -258,5 +321,33 @@ mod tests {
         assert!(equal >= hi);
         assert!(!(lo <= other && other < hi));
         assert_eq!(prefix_end("a/"), b"a0".to_vec());
+    }
+
+    #[test]
+    fn a_hold_follows_the_earlier_holds_its_kind_must() {
+        let h = |key: &str, created, alone| HoldSeen {
+            key: key.as_bytes().to_vec(),
+            lease: 1,
+            created,
+            alone,
+        };
+        let seen = [
+            h("a", 5, true),
+            h("s", 6, false),
+            h("me", 7, false),
+            h("later", 8, true),
+        ];
+        let keys = |l: super::super::Lower| {
+            let mut k: Vec<_> = l
+                .into_keys()
+                .map(|k| String::from_utf8(k).unwrap())
+                .collect();
+            k.sort();
+            k
+        };
+        // Shared: only the earlier alone hold; alone: every earlier hold.
+        assert_eq!(keys(holds_before(&seen, "me", false).unwrap()), ["a"]);
+        assert_eq!(keys(holds_before(&seen, "me", true).unwrap()), ["a", "s"]);
+        assert!(holds_before(&seen, "gone", false).is_err());
     }
 }

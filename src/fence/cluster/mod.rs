@@ -14,7 +14,9 @@
 //! - Raises made anywhere reach every replica through a watch, which aborts
 //!   local lower-token writes still streaming (the gate does the aborting).
 //! - The object holds of conditional writes (`holds.rs`) are keys beside
-//!   the registrations, under the same lease, waited for the same way.
+//!   the registrations, under the same lease, waited for the same way. A
+//!   fenced write without conditions puts its shared hold in its admission
+//!   transaction ([`keys::Puts`]); the others take theirs apart.
 //!
 //! It knows nothing of the gate: `gate.rs` calls it.
 
@@ -290,25 +292,32 @@ impl Cluster {
     }
 
     /// The admission transaction ([`keys::admission`]), retried on failure
-    /// for a few seconds (it is idempotent for one registration).
+    /// for a few seconds (it is idempotent for one registration). `hold`
+    /// is the write's shared hold on `object`, put in the same transaction.
     pub async fn admit(
         &self,
         resource: &str,
         token: u64,
         registration: Option<&Registration>,
+        hold: Option<(&Registration, &str)>,
         deadline: tokio::time::Instant,
     ) -> Result<Outcome, ClusterError> {
+        let puts = keys::Puts {
+            registration: registration.map(|r| (r.key.as_str(), r.lease)),
+            hold: hold.map(|(r, object)| (r.key.as_str(), r.lease, object)),
+        };
         let txn = keys::admission(
             &self.keys,
             resource,
             token,
-            registration.map(|r| (r.key.as_str(), r.lease)),
+            puts,
             crate::fence::store::now_ms(),
         );
         let give_up = deadline.min(tokio::time::Instant::now() + ADMIT_RETRY_FOR);
         loop {
-            // A registration under a lease that is gone can never be put.
-            if registration.is_some_and(|r| !r.fresh()) {
+            // A key under a lease that is gone can never be put.
+            let lapsed = |r: &Registration| !r.fresh();
+            if registration.is_some_and(lapsed) || hold.is_some_and(|(r, _)| lapsed(r)) {
                 return Err(ClusterError::NoLease);
             }
             let (reply, answer) = tokio::sync::oneshot::channel();

@@ -49,7 +49,7 @@ impl FenceStore for Cluster {
         let resource = resource.to_string();
         Box::pin(async move {
             match self
-                .admit(&resource, token, None, far_deadline())
+                .admit(&resource, token, None, None, far_deadline())
                 .await
                 .map_err(store_err)?
             {

@@ -3,11 +3,33 @@
 //! writes in flight so that a raise from anywhere can abort them.
 
 use super::{Gate, Kind, Permit, Refusal, push_entry};
-use crate::fence::cluster::{Cluster, Seen, WaitError, keys::Outcome};
+use crate::fence::cluster::keys::{Outcome, holds_before};
+use crate::fence::cluster::{Cluster, Registration, Seen, WaitError};
+use crate::fence::hold::ObjectHold;
 use crate::metric_names as m;
 use std::sync::Arc;
 
 impl Gate {
+    /// [`Gate::admit`] for a write that replaces or deletes `object`
+    /// without conditions. In cluster mode its shared hold on the object is
+    /// put by the admission's own transaction (one etcd round trip for
+    /// both) and returned; elsewhere the hold is `None` and taken apart.
+    pub async fn admit_sharing(
+        &self,
+        resource: &str,
+        token: u64,
+        object: &str,
+    ) -> Result<(Option<Permit>, Option<ObjectHold>), Refusal> {
+        match &self.cluster {
+            Some(c) if self.holds.shared_in_admission() => {
+                let admitted = self.admit_shared(c, resource, token, Kind::Write, Some(object));
+                let (permit, hold) = Box::pin(admitted).await?;
+                Ok((permit, hold.map(ObjectHold::in_cluster)))
+            }
+            _ => Ok((self.admit(resource, token, Kind::Write).await?, None)),
+        }
+    }
+
     /// Cluster mode: fences, registrations and the barrier are shared
     /// through `cluster`, which is also the store.
     pub fn shared(cluster: Arc<Cluster>, wait_bound: std::time::Duration) -> Gate {
@@ -69,7 +91,7 @@ impl Gate {
     ) -> Result<(u64, bool), Refusal> {
         let slot = self.cached_slot(resource);
         let deadline = tokio::time::Instant::now() + self.wait_bound;
-        match c.admit(resource, token, None, deadline).await {
+        match c.admit(resource, token, None, None, deadline).await {
             Err(e) => Err(Refusal::Unavailable(e.to_string())),
             Ok(Outcome::Stale(h)) => {
                 self.note_raise(&slot, h);
@@ -85,31 +107,37 @@ impl Gate {
     }
 
     /// One admission transaction (check, raise, register, read the lower
-    /// writes in flight anywhere), then the wait for those to be gone.
+    /// writes in flight anywhere; for a write of `object`, also share its
+    /// hold), then the wait for those to be gone. Returns the permit of a
+    /// write, and the hold it put.
     pub(super) async fn admit_shared(
         &self,
         c: &Arc<Cluster>,
         resource: &str,
         token: u64,
         kind: Kind,
-    ) -> Result<Option<Permit>, Refusal> {
+        object: Option<&str>,
+    ) -> Result<(Option<Permit>, Option<Registration>), Refusal> {
         let unavailable = |e: &dyn std::fmt::Display| Refusal::Unavailable(e.to_string());
         let deadline = tokio::time::Instant::now() + self.wait_bound;
         let slot = self.cached_slot(resource);
-        let reg = match kind {
-            Kind::Write => Some(
-                c.registration(resource, token)
-                    .map_err(|e| unavailable(&e))?,
-            ),
-            Kind::Read => None,
+        let (reg, hold) = match (kind, object) {
+            (Kind::Write, object) => {
+                let reg = c.registration(resource, token);
+                let hold = object.map(|o| c.hold_key(o).map(|h| (h, o))).transpose();
+                let unavailable = |e| unavailable(&e);
+                (Some(reg.map_err(unavailable)?), hold.map_err(unavailable)?)
+            }
+            (Kind::Read, _) => (None, None),
         };
         // On any way out before the permit exists (an error, a refusal,
-        // the request dropped), `reg` drops and deletes its key.
+        // the request dropped), `reg` and `hold` drop and delete their keys.
+        let hold_ref = hold.as_ref().map(|(h, o)| (h, *o));
         let outcome = c
-            .admit(resource, token, reg.as_ref(), deadline)
+            .admit(resource, token, reg.as_ref(), hold_ref, deadline)
             .await
             .map_err(|e| unavailable(&e))?;
-        let (raised, lower, revision) = match outcome {
+        let (raised, lower, holds, revision) = match outcome {
             Outcome::Stale(h) => {
                 self.note_raise(&slot, h);
                 return Err(Refusal::Stale { token, highest: h });
@@ -117,8 +145,9 @@ impl Gate {
             Outcome::Admitted {
                 raised,
                 lower,
+                holds,
                 revision,
-            } => (raised, lower, revision),
+            } => (raised, lower, holds, revision),
         };
         if raised {
             metrics::counter!(m::RAISES).increment(1);
@@ -136,16 +165,24 @@ impl Gate {
             }
             None => None,
         };
+        let waited = |r: Result<(), WaitError>| match r {
+            Ok(()) => Ok(()),
+            Err(WaitError::TimedOut) => Err(Refusal::Busy),
+            Err(WaitError::Failed(e)) => Err(unavailable(&e)),
+        };
         if self.ordered && !lower.is_empty() {
-            match c
-                .wait_gone(resource, token, lower, revision, deadline)
-                .await
-            {
-                Ok(()) => {}
-                Err(WaitError::TimedOut) => return Err(Refusal::Busy),
-                Err(WaitError::Failed(e)) => return Err(unavailable(&e)),
-            }
+            waited(
+                c.wait_gone(resource, token, lower, revision, deadline)
+                    .await,
+            )?;
         }
-        Ok(permit)
+        let Some((hold, object)) = hold else {
+            return Ok((permit, None));
+        };
+        // The hold shares the object: it follows only the writes that hold
+        // it alone and were there first (`fence::cluster::holds`).
+        let before = holds_before(&holds, &hold.key, false).map_err(|e| unavailable(&e))?;
+        waited(c.wait_holds_gone(object, before, revision, deadline).await)?;
+        Ok((permit, Some(hold)))
     }
 }

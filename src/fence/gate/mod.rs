@@ -386,7 +386,8 @@ impl Gate {
         if let Some(c) = &self.cluster {
             // Boxed: its etcd transaction is a future of several KB, which
             // would otherwise size every request's future, clustered or not.
-            return Box::pin(self.admit_shared(c, resource, token, kind)).await;
+            let admitted = Box::pin(self.admit_shared(c, resource, token, kind, None)).await;
+            return admitted.map(|(permit, _)| permit);
         }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token).await?;
