@@ -427,3 +427,63 @@ async fn a_part_that_fails_its_digest_is_refused() {
         .unwrap();
     assert_eq!(get(&c, "mp").await.unwrap(), b"the part sent");
 }
+
+/// A completion's checksums are checked against what was uploaded: a part
+/// listed with a checksum it was not uploaded with is an `InvalidPart`, a
+/// whole-object checksum that is not the parts' composite is a
+/// `BadDigest`, and neither completes the upload, which then completes
+/// with the right ones (ceph/s3-tests' `test_multipart_checksum_sha256`).
+#[tokio::test]
+async fn a_completion_whose_checksums_do_not_match_is_refused() {
+    use aws_sdk_s3::types::ChecksumAlgorithm;
+    let (_fg, c) = store().await;
+    let up = c
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("sums")
+        .checksum_algorithm(ChecksumAlgorithm::Sha256)
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    let sent = c
+        .upload_part()
+        .bucket("demo")
+        .key("sums")
+        .upload_id(id)
+        .part_number(1)
+        .checksum_algorithm(ChecksumAlgorithm::Sha256)
+        .body(ByteStream::from_static(b"one part"))
+        .send()
+        .await
+        .unwrap();
+    let part_sum = sent.checksum_sha256().unwrap().to_string();
+    let complete = |part_sha256: &str, object_sha256: Option<&str>| {
+        let part = CompletedPart::builder()
+            .part_number(1)
+            .set_e_tag(sent.e_tag().map(str::to_string))
+            .checksum_sha256(part_sha256)
+            .build();
+        c.complete_multipart_upload()
+            .bucket("demo")
+            .key("sums")
+            .upload_id(id)
+            .set_checksum_sha256(object_sha256.map(str::to_string))
+            .multipart_upload(CompletedMultipartUpload::builder().parts(part).build())
+            .send()
+    };
+    let other = "mrHwOfjTL5Zwfj74F05HOQGLdUb7E5szdCbxgUSq6NM=";
+    assert_eq!(
+        outcome(complete(other, None).await),
+        Err((400, "InvalidPart".to_string()))
+    );
+    assert_eq!(
+        outcome(complete(&part_sum, Some("bad")).await),
+        Err((400, "BadDigest".to_string()))
+    );
+    assert_eq!(get(&c, "sums").await, Err((404, "NoSuchKey".to_string())));
+    let done = complete(&part_sum, None).await.unwrap();
+    let composite = done.checksum_sha256().unwrap().to_string();
+    assert!(composite.ends_with("-1"), "{composite}");
+    assert_eq!(get(&c, "sums").await.unwrap(), b"one part");
+}

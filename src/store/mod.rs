@@ -20,13 +20,14 @@
 //!
 //! The S3 operations: `buckets.rs`, `acl.rs` (one owner, private), `objects.rs` (PUT, GET, HEAD),
 //! `delete.rs` (DeleteObject, DeleteObjects), `copy.rs` (CopyObject),
-//! `multipart.rs`, `listing.rs` (every listing), `read.rs` (a read's
+//! `multipart.rs` (with `checksums.rs`, a multipart object's checksums), `listing.rs` (every listing), `read.rs` (a read's
 //! conditions), `s3.rs` (the trait, one line per operation). `import.rs`
 //! brings in a data directory the earlier s3s-fs store wrote.
 
 mod acl;
 mod blobs;
 mod buckets;
+mod checksums;
 mod commit;
 mod copy;
 mod delete;

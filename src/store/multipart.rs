@@ -7,6 +7,7 @@
 //! replaces are all seen and changed at once.
 
 use super::blobs;
+use super::checksums::{check_object, check_part, composite};
 use super::copy::{copy_source, source_conditions, source_record};
 use super::index::{
     Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord, decode,
@@ -120,45 +121,6 @@ fn multipart_etag(part_etags: &[String]) -> S3Result<String> {
     }
     let sum: [u8; 16] = md5.finalize();
     Ok(format!("{}-{}", hex::encode(sum), part_etags.len()))
-}
-
-/// The composite checksums of a multipart object: each algorithm every
-/// part has, as the checksum of the parts' checksums, `-N`.
-fn composite(parts: &[&Checksums]) -> Checksums {
-    use s3s::crypto::Checksum;
-    fn of<H: Checksum>(mut h: H, sums: &[Option<&String>]) -> Option<String> {
-        if sums.is_empty() || sums.iter().any(Option::is_none) {
-            return None;
-        }
-        for s in sums.iter().flatten() {
-            h.update(
-                &base64::Engine::decode(&base64::engine::general_purpose::STANDARD, s.as_bytes())
-                    .ok()?,
-            );
-        }
-        let sum = h.finalize();
-        Some(format!(
-            "{}-{}",
-            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, sum.as_ref()),
-            sums.len()
-        ))
-    }
-    let col = |f: fn(&Checksums) -> &Option<String>| {
-        parts.iter().map(|c| f(c).as_ref()).collect::<Vec<_>>()
-    };
-    let c = Checksums {
-        crc32: of(s3s::crypto::Crc32::new(), &col(|c| &c.crc32)),
-        crc32c: of(s3s::crypto::Crc32c::new(), &col(|c| &c.crc32c)),
-        crc64nvme: None,
-        sha1: of(s3s::crypto::Sha1::new(), &col(|c| &c.sha1)),
-        sha256: of(s3s::crypto::Sha256::new(), &col(|c| &c.sha256)),
-        kind: None,
-    };
-    let any = c.crc32.is_some() || c.crc32c.is_some() || c.sha1.is_some() || c.sha256.is_some();
-    Checksums {
-        kind: any.then(|| ChecksumType::COMPOSITE.to_string()),
-        ..c
-    }
 }
 
 impl Store {
@@ -384,7 +346,7 @@ impl Store {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let input = req.input;
-        let listed: Vec<(i32, String)> = input
+        let listed: Vec<Listed> = input
             .multipart_upload
             .and_then(|m| m.parts)
             .unwrap_or_default()
@@ -392,9 +354,25 @@ impl Store {
             .map(|p| {
                 let n = p.part_number.unwrap_or(0);
                 let etag = p.e_tag.map(|e| e.into_value()).unwrap_or_default();
-                (n, etag)
+                let sums = Checksums {
+                    crc32: p.checksum_crc32,
+                    crc32c: p.checksum_crc32c,
+                    crc64nvme: p.checksum_crc64nvme,
+                    sha1: p.checksum_sha1,
+                    sha256: p.checksum_sha256,
+                    kind: None,
+                };
+                (n, etag, sums)
             })
             .collect();
+        let declared = Checksums {
+            crc32: input.checksum_crc32,
+            crc32c: input.checksum_crc32c,
+            crc64nvme: input.checksum_crc64nvme,
+            sha1: input.checksum_sha1,
+            sha256: input.checksum_sha256,
+            kind: None,
+        };
         if listed.is_empty() {
             return Err(s3_error!(
                 MalformedXML,
@@ -417,7 +395,7 @@ impl Store {
             input.upload_id.clone(),
         );
         let (record, unused) = self
-            .commit(move |txn| complete_step(txn, (&bucket, &key, &id), &listed, &cond))
+            .commit(move |txn| complete_step(txn, (&bucket, &key, &id), &listed, &declared, &cond))
             .await?;
         self.blobs.remove_later(unused);
         let c = &record.checksums;
@@ -460,12 +438,16 @@ impl Store {
 /// A completed object, and the blobs nobody uses any more.
 type Completed = (ObjectRecord, Vec<u128>);
 
+/// A part as a completion lists it: number, ETag, declared checksums.
+type Listed = (i32, String, Checksums);
+
 /// The one step of a completion (see the module doc): the object record,
 /// and the blobs nobody uses any more.
 fn complete_step(
     txn: &WriteTransaction,
     upload: (&str, &str, &str),
-    listed: &[(i32, String)],
+    listed: &[Listed],
+    declared: &Checksums,
     cond: &WriteConditions,
 ) -> super::commit::Applied<(S3Result<Completed>, Vec<u128>)> {
     let (bucket, key, id) = upload;
@@ -482,7 +464,7 @@ fn complete_step(
     let mut parts = Vec::new();
     {
         let t = txn.open_table(PARTS)?;
-        for (n, etag) in listed {
+        for (n, etag, sums) in listed {
             let got = match u32::try_from(*n) {
                 Ok(n) => t.get((id, n))?,
                 Err(_) => None,
@@ -496,6 +478,9 @@ fn complete_step(
                     InvalidPart,
                     "part {n}'s ETag is not the one listed"
                 ));
+            }
+            if let Err(e) = check_part(*n, sums, &p.checksums) {
+                return refused(e);
             }
             parts.push(p);
         }
@@ -524,6 +509,9 @@ fn complete_step(
         parts: parts.iter().map(|p| p.segment.len).collect(),
         upload_id: Some(id.to_string()),
     };
+    if let Err(e) = check_object(declared, &record.checksums, parts.len()) {
+        return refused(e);
+    }
     let mut unused = match put_record(txn, bucket, key, &record, cond)? {
         Ok(u) => u,
         Err(e) => return refused(e),
