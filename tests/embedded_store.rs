@@ -487,3 +487,80 @@ async fn a_completion_whose_checksums_do_not_match_is_refused() {
     assert!(composite.ends_with("-1"), "{composite}");
     assert_eq!(get(&c, "sums").await.unwrap(), b"one part");
 }
+
+/// A `FULL_OBJECT` CRC upload: the object's checksum is the CRC of its
+/// whole body (combined from the parts'), returned by the completion and
+/// by HEAD, and a completion that declares another is a `BadDigest`.
+#[tokio::test]
+async fn a_full_object_crc_is_the_crc_of_the_whole_body() {
+    use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, ChecksumType};
+    use base64::Engine;
+    use s3s::crypto::Checksum;
+    let (_fg, c) = store().await;
+    let up = c
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("full")
+        .checksum_algorithm(ChecksumAlgorithm::Crc32)
+        .checksum_type(ChecksumType::FullObject)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.checksum_type(), Some(&ChecksumType::FullObject));
+    let id = up.upload_id().unwrap();
+    let bodies = [vec![1u8; 5 << 20], b"the last part".to_vec()];
+    let mut parts = Vec::new();
+    for (i, body) in bodies.iter().enumerate() {
+        let n = i as i32 + 1;
+        let sent = c
+            .upload_part()
+            .bucket("demo")
+            .key("full")
+            .upload_id(id)
+            .part_number(n)
+            .checksum_algorithm(ChecksumAlgorithm::Crc32)
+            .body(ByteStream::from(body.clone()))
+            .send()
+            .await
+            .unwrap();
+        let part = CompletedPart::builder()
+            .part_number(n)
+            .set_e_tag(sent.e_tag().map(str::to_string))
+            .set_checksum_crc32(sent.checksum_crc32().map(str::to_string));
+        parts.push(part.build());
+    }
+    let mut crc = s3s::crypto::Crc32::new();
+    bodies.iter().for_each(|b| crc.update(b));
+    let whole = base64::engine::general_purpose::STANDARD.encode(crc.finalize().as_ref());
+    let complete = |crc32: &str| {
+        c.complete_multipart_upload()
+            .bucket("demo")
+            .key("full")
+            .upload_id(id)
+            .checksum_crc32(crc32)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts.clone()))
+                    .build(),
+            )
+            .send()
+    };
+    let first = parts[0].checksum_crc32().unwrap();
+    assert_eq!(
+        outcome(complete(first).await),
+        Err((400, "BadDigest".to_string()))
+    );
+    let done = complete(&whole).await.unwrap();
+    assert_eq!(done.checksum_type(), Some(&ChecksumType::FullObject));
+    assert_eq!(done.checksum_crc32(), Some(whole.as_str()));
+    let head = c
+        .head_object()
+        .bucket("demo")
+        .key("full")
+        .checksum_mode(ChecksumMode::Enabled)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.checksum_crc32(), Some(whole.as_str()));
+    assert_eq!(head.checksum_type(), Some(&ChecksumType::FullObject));
+}

@@ -112,6 +112,9 @@ pub struct UploadRecord {
     /// The checksum algorithm the upload was created with, if any.
     #[serde(default)]
     pub checksum_algorithm: Option<String>,
+    /// `COMPOSITE` or `FULL_OBJECT`, with an algorithm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_type: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@
 //! replaces are all seen and changed at once.
 
 use super::blobs;
-use super::checksums::{check_object, check_part, composite};
+use super::checksums::{check_object, check_part, composite, full_object, upload_type};
 use super::copy::{copy_source, source_conditions, source_record};
 use super::index::{
     Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord, decode,
@@ -131,6 +131,9 @@ impl Store {
         let input = req.input;
         check_key(&input.key)?;
         let id = format!("{:032x}", rand::random::<u128>());
+        let algorithm = input.checksum_algorithm.as_ref().map(|a| a.as_str());
+        let asked = input.checksum_type.as_ref().map(|t| t.as_str());
+        let checksum_type = upload_type(algorithm, asked)?;
         let record = UploadRecord {
             initiated_ms: now_ms(),
             headers: headers_of(
@@ -147,6 +150,7 @@ impl Store {
                 .checksum_algorithm
                 .as_ref()
                 .map(|a| a.as_str().to_string()),
+            checksum_type: checksum_type.clone(),
         };
         let (bucket, key, upload) = (input.bucket.clone(), input.key.clone(), id.clone());
         self.commit(move |txn| {
@@ -166,6 +170,7 @@ impl Store {
             key: Some(input.key),
             upload_id: Some(id),
             checksum_algorithm: input.checksum_algorithm,
+            checksum_type: checksum_type.map(ChecksumType::from),
             ..Default::default()
         }))
     }
@@ -405,6 +410,7 @@ impl Store {
             e_tag: Some(ETag::Strong(record.etag.clone())),
             checksum_crc32: c.crc32.clone(),
             checksum_crc32c: c.crc32c.clone(),
+            checksum_crc64nvme: c.crc64nvme.clone(),
             checksum_sha1: c.sha1.clone(),
             checksum_sha256: c.sha256.clone(),
             checksum_type: c.kind.clone().map(ChecksumType::from),
@@ -433,6 +439,24 @@ impl Store {
         self.blobs.remove_later(unused);
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
     }
+}
+
+/// A multipart object's checksums, as its upload asked: the CRC of the
+/// whole object, or the composite of its parts'.
+fn checksums_of(up: &UploadRecord, parts: &[PartRecord]) -> Result<Checksums, redb::Error> {
+    if up.checksum_type.as_deref() != Some(ChecksumType::FULL_OBJECT) {
+        return Ok(composite(
+            &parts.iter().map(|p| &p.checksums).collect::<Vec<_>>(),
+        ));
+    }
+    let sums: Vec<_> = parts
+        .iter()
+        .map(|p| (&p.checksums, p.segment.len))
+        .collect();
+    let algorithm = up.checksum_algorithm.as_deref().unwrap_or_default();
+    // Every part was hashed with the upload's algorithm as it was written.
+    full_object(&sums, algorithm)
+        .ok_or_else(|| redb::Error::Corrupted(format!("a part of upload has no {algorithm}")))
 }
 
 /// A completed object, and the blobs nobody uses any more.
@@ -499,13 +523,14 @@ fn complete_step(
         Ok(e) => e,
         Err(e) => return refused(e),
     };
+    let checksums = checksums_of(&up, &parts)?;
     let record = ObjectRecord {
         segments: parts.iter().map(|p| p.segment.clone()).collect(),
         size: parts.iter().map(|p| p.segment.len).sum(),
         etag,
         last_modified_ms: now_ms(),
         headers: up.headers,
-        checksums: composite(&parts.iter().map(|p| &p.checksums).collect::<Vec<_>>()),
+        checksums,
         parts: parts.iter().map(|p| p.segment.len).collect(),
         upload_id: Some(id.to_string()),
     };
