@@ -98,6 +98,7 @@ impl S3Error {
             Refusal::Busy => S3Error::SlowDown(format!(
                 "older writes to {resource} are still finishing upstream"
             )),
+            Refusal::Held(object) => S3Error::from_hold(HoldError::Busy(object)),
             Refusal::Store(e) => S3Error::ServiceUnavailable(e.to_string()),
             Refusal::Unavailable(e) => S3Error::ServiceUnavailable(format!(
                 "the shared fence table cannot be reached: {e}"

@@ -182,7 +182,10 @@ impl Gate {
         // The hold shares the object: it follows only the writes that hold
         // it alone and were there first (`fence::cluster::holds`).
         let before = holds_before(&holds, &hold.key, false).map_err(|e| unavailable(&e))?;
-        waited(c.wait_holds_gone(object, before, revision, deadline).await)?;
+        match c.wait_holds_gone(object, before, revision, deadline).await {
+            Err(WaitError::TimedOut) => return Err(Refusal::Held(object.to_string())),
+            other => waited(other)?,
+        }
         Ok((permit, Some(hold)))
     }
 }

@@ -40,6 +40,10 @@ pub enum Refusal {
     Stale { token: u64, highest: u64 },
     #[error("older writes with a lower token are still finishing upstream")]
     Busy,
+    /// Cluster mode: the object's hold, put by the admission, waited for
+    /// other writes of the object past the bound.
+    #[error("other writes to {0} are still in progress")]
+    Held(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Cluster mode: etcd cannot be asked now, so nothing is admitted.
