@@ -11,7 +11,7 @@
 //! quarantine is waited out too, as for the ordering barrier). Revisions
 //! order every hold of the object, so waits never go round in a circle.
 
-use super::keys::{ALONE, HoldSeen, SHARED, holds_before, prefix_end};
+use super::keys::{ALONE, HoldSeen, SHARED, holds_before};
 use super::{Cluster, ClusterError, Lower, Registration, WaitError, call};
 use etcd_client::{GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::sync::Arc;
@@ -29,13 +29,9 @@ impl Cluster {
         deadline: Instant,
     ) -> Result<Registration, WaitError> {
         let failed = WaitError::Failed;
-        let reg = self
-            .register(|keys, replica, seq| keys.hold(object, replica, seq))
-            .map_err(failed)?;
-        let base = self.keys.hold_base(object);
-        let end = prefix_end(&base);
+        let reg = self.hold_key(object).map_err(failed)?;
         let (before, revision) = self
-            .put_hold(&reg, &base, &end, alone, deadline)
+            .put_hold(&reg, object, alone, deadline)
             .await
             .map_err(failed)?;
         self.wait_holds_gone(object, before, revision, deadline)
@@ -61,9 +57,7 @@ impl Cluster {
         if before.is_empty() {
             return Ok(());
         }
-        let base = self.keys.hold_base(object);
-        let end = prefix_end(&base);
-        let end = String::from_utf8(end).expect("the prefix end of UTF-8 is UTF-8 here");
+        let (base, end) = self.keys.holds_of(object);
         self.wait_range_gone(object, (&base, &end), before, revision, deadline)
             .await
     }
@@ -74,19 +68,19 @@ impl Cluster {
     async fn put_hold(
         &self,
         reg: &Registration,
-        base: &str,
-        end: &[u8],
+        object: &str,
         alone: bool,
         deadline: Instant,
     ) -> Result<(Lower, i64), ClusterError> {
         let mode = if alone { ALONE } else { SHARED };
+        let (base, end) = self.keys.holds_of(object);
         let txn = Txn::new().and_then([
             TxnOp::put(
                 reg.key.as_str(),
                 mode,
                 Some(PutOptions::new().with_lease(reg.lease)),
             ),
-            TxnOp::get(base, Some(GetOptions::new().with_range(end.to_vec()))),
+            TxnOp::get(base.as_str(), Some(GetOptions::new().with_range(end))),
         ]);
         let give_up = deadline.min(Instant::now() + super::ADMIT_RETRY_FOR);
         loop {

@@ -91,6 +91,14 @@ impl Keys {
         format!("{}holds/{}:{object}/", self.prefix, object.len())
     }
 
+    /// The key range of every hold on `object`.
+    pub fn holds_of(&self, object: &str) -> (String, String) {
+        let base = self.hold_base(object);
+        let end =
+            String::from_utf8(prefix_end(&base)).expect("the base ends in '/', so its end is '0'");
+        (base, end)
+    }
+
     /// One write's hold on `object` (CONTRACT §8; `holds.rs`).
     pub fn hold(&self, object: &str, replica: &str, seq: u64) -> String {
         format!("{}{replica}-{seq}", self.hold_base(object))
@@ -214,8 +222,7 @@ pub fn admission(keys: &Keys, resource: &str, token: u64, puts: Puts<'_>, now_ms
         Some(GetOptions::new().with_range(high).with_keys_only()),
     ));
     if let Some((_, _, object)) = puts.hold {
-        let base = keys.hold_base(object);
-        let end = prefix_end(&base);
+        let (base, end) = keys.holds_of(object);
         tail.push(TxnOp::get(base, Some(GetOptions::new().with_range(end))));
     }
     let mut raise = vec![TxnOp::put(
@@ -321,6 +328,12 @@ mod tests {
         assert!(equal >= hi);
         assert!(!(lo <= other && other < hi));
         assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        // The holds of an object are one range, and a longer name's are not in it.
+        let (lo, hi) = k.holds_of("b/x");
+        let mine = k.hold("b/x", "r1", 3);
+        let longer = k.hold("b/x/y", "r1", 4);
+        assert!(lo <= mine && mine < hi);
+        assert!(!(lo <= longer && longer < hi));
     }
 
     #[test]
