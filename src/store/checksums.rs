@@ -80,7 +80,7 @@ pub(super) fn upload_type(
 }
 
 /// One of S3's CRCs: its reflected polynomial, its width in bits, and
-/// where a set of checksums keeps it.
+/// where a set of checksums keeps it (to write it; `fields` reads).
 struct Crc {
     poly: u64,
     width: usize,
@@ -107,8 +107,8 @@ pub(super) fn full_object(parts: &[(&Checksums, u64)], algorithm: &str) -> Optio
     let crc = Crc::named(algorithm)?;
     let mut whole = 0u64;
     for (i, (sums, len)) in parts.iter().enumerate() {
-        let mut sums = (*sums).clone();
-        let bytes = b64.decode((crc.field)(&mut sums).as_ref()?).ok()?;
+        let (_, value) = fields(sums).into_iter().find(|(n, _)| *n == algorithm)?;
+        let bytes = b64.decode(value.as_ref()?).ok()?;
         let part = bytes.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
         whole = match i {
             0 => part,
@@ -127,8 +127,7 @@ pub(super) fn full_object(parts: &[(&Checksums, u64)], algorithm: &str) -> Optio
 /// The CRC of `a ++ b` from the CRCs of `a` and `b` and the length of `b`
 /// (zlib's `crc32_combine`, for any reflected CRC whose initial value and
 /// final XOR are equal, as S3's three are): `crc_a` is carried through
-/// `len_b` zero bytes by squaring the one-zero-bit operator, then XORed
-/// with `crc_b`.
+/// `len_b` zero bytes, then XORed with `crc_b`.
 fn crc_combine(crc_a: u64, crc_b: u64, len_b: u64, poly: u64, width: usize) -> u64 {
     fn times(mat: &[u64], mut vec: u64) -> u64 {
         let mut sum = 0;
@@ -148,29 +147,23 @@ fn crc_combine(crc_a: u64, crc_b: u64, len_b: u64, poly: u64, width: usize) -> u
     if len_b == 0 {
         return crc_a;
     }
-    // The operator for one zero bit, then two, then four.
-    let mut odd: Vec<u64> = (0..width)
+    // The operator that carries a CRC through one zero bit, squared three
+    // times: through one zero byte. Then, squared on, through 2, 4, 8...
+    // bytes, applied for each bit set in `len_b`.
+    let mut op: Vec<u64> = (0..width)
         .map(|n| if n == 0 { poly } else { 1 << (n - 1) })
         .collect();
-    let mut even = square(&odd);
-    odd = square(&even);
+    for _ in 0..3 {
+        op = square(&op);
+    }
     let (mut crc, mut len) = (crc_a, len_b);
-    loop {
-        even = square(&odd);
+    while len != 0 {
         if len & 1 != 0 {
-            crc = times(&even, crc);
+            crc = times(&op, crc);
         }
         len >>= 1;
-        if len == 0 {
-            break;
-        }
-        odd = square(&even);
-        if len & 1 != 0 {
-            crc = times(&odd, crc);
-        }
-        len >>= 1;
-        if len == 0 {
-            break;
+        if len != 0 {
+            op = square(&op);
         }
     }
     crc ^ crc_b

@@ -126,6 +126,23 @@ pub struct PartRecord {
     pub checksums: Checksums,
 }
 
+/// The checksums an s3s input or output carries in its `checksum_*`
+/// fields (every S3 shape names them alike), taken out of it: one place
+/// that names all five algorithms.
+macro_rules! checksums_in {
+    ($x:expr) => {
+        $crate::store::index::Checksums {
+            crc32: $x.checksum_crc32.take(),
+            crc32c: $x.checksum_crc32c.take(),
+            crc64nvme: $x.checksum_crc64nvme.take(),
+            sha1: $x.checksum_sha1.take(),
+            sha256: $x.checksum_sha256.take(),
+            kind: None,
+        }
+    };
+}
+pub(super) use checksums_in;
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

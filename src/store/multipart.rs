@@ -10,8 +10,8 @@ use super::blobs;
 use super::checksums::{check_object, check_part, composite, full_object, upload_type};
 use super::copy::{copy_source, source_conditions, source_record};
 use super::index::{
-    Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord, decode,
-    encode,
+    Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
+    checksums_in, decode, encode,
 };
 use super::objects::{
     Hashes, WriteConditions, bucket_exists_w, declared_algorithms, headers_of, put_record, verify,
@@ -226,14 +226,7 @@ impl Store {
             .upload(&input.bucket, &input.key, &input.upload_id)
             .await?;
         let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
-        let declared = Checksums {
-            crc32: input.checksum_crc32.take(),
-            crc32c: input.checksum_crc32c.take(),
-            crc64nvme: input.checksum_crc64nvme.take(),
-            sha1: input.checksum_sha1.take(),
-            sha256: input.checksum_sha256.take(),
-            kind: None,
-        };
+        let declared = checksums_in!(input);
         let mut algorithms =
             declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
         algorithms.extend(upload.checksum_algorithm.clone());
@@ -350,34 +343,20 @@ impl Store {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let input = req.input;
+        let mut input = req.input;
         let listed: Vec<Listed> = input
             .multipart_upload
+            .take()
             .and_then(|m| m.parts)
             .unwrap_or_default()
             .into_iter()
-            .map(|p| {
+            .map(|mut p| {
                 let n = p.part_number.unwrap_or(0);
-                let etag = p.e_tag.map(|e| e.into_value()).unwrap_or_default();
-                let sums = Checksums {
-                    crc32: p.checksum_crc32,
-                    crc32c: p.checksum_crc32c,
-                    crc64nvme: p.checksum_crc64nvme,
-                    sha1: p.checksum_sha1,
-                    sha256: p.checksum_sha256,
-                    kind: None,
-                };
-                (n, etag, sums)
+                let etag = p.e_tag.take().map(|e| e.into_value()).unwrap_or_default();
+                (n, etag, checksums_in!(p))
             })
             .collect();
-        let declared = Checksums {
-            crc32: input.checksum_crc32,
-            crc32c: input.checksum_crc32c,
-            crc64nvme: input.checksum_crc64nvme,
-            sha1: input.checksum_sha1,
-            sha256: input.checksum_sha256,
-            kind: None,
-        };
+        let declared = checksums_in!(input);
         if listed.is_empty() {
             return Err(s3_error!(
                 MalformedXML,

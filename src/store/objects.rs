@@ -9,7 +9,9 @@
 //! step, so the source cannot go away in between): no bytes are copied.
 
 use super::blobs::{self, WriteError};
-use super::index::{Checksums, Headers, OBJECTS, ObjectRecord, Segment, decode, encode};
+use super::index::{
+    Checksums, Headers, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode,
+};
 use super::{Store, blob_ref, blob_unref, bucket_must_exist, check_key, full, internal, now_ms};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
@@ -97,15 +99,8 @@ impl Hashes {
     /// The MD5 (raw) and the checksums.
     pub(super) fn finish(self) -> ([u8; 16], Checksums) {
         let md5: [u8; 16] = self.md5.finalize();
-        let s = self.sums.finalize();
-        let sums = Checksums {
-            crc32: s.checksum_crc32,
-            crc32c: s.checksum_crc32c,
-            crc64nvme: s.checksum_crc64nvme,
-            sha1: s.checksum_sha1,
-            sha256: s.checksum_sha256,
-            kind: None,
-        };
+        let mut s = self.sums.finalize();
+        let sums = checksums_in!(s);
         (md5, sums)
     }
 }
@@ -308,14 +303,7 @@ impl Store {
         self.read(move |txn| bucket_must_exist(txn, &bucket))
             .await?;
         let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
-        let declared = Checksums {
-            crc32: input.checksum_crc32.take(),
-            crc32c: input.checksum_crc32c.take(),
-            crc64nvme: input.checksum_crc64nvme.take(),
-            sha1: input.checksum_sha1.take(),
-            sha256: input.checksum_sha256.take(),
-            kind: None,
-        };
+        let declared = checksums_in!(input);
         let algorithms =
             declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
         let mut hashes = Hashes::new(&algorithms)?;
