@@ -55,6 +55,10 @@ pub const ETCD_REQUESTS: &str = "fencegate_etcd_requests_total";
 /// Cluster mode: 1 while this replica's lease is surely alive, 0 while it
 /// is not (then no write is admitted here).
 pub const CLUSTER_LEASE_FRESH: &str = "fencegate_cluster_lease_fresh";
+/// Resources this replica took ownership of (cluster mode with owners).
+pub const CLUSTER_TAKES: &str = "fencegate_cluster_takes_total";
+/// Requests this replica forwarded to the owner of their resource.
+pub const CLUSTER_FORWARDED: &str = "fencegate_cluster_forwarded_total";
 
 /// Handles of the metrics recorded on every request, each looked up in the
 /// recorder once per process (per thread for `requests`) rather than per

@@ -107,10 +107,35 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
     } else {
         "http"
     };
+    let gate = services.admin.gate.clone();
+    if let (Some(c), Some(cc)) = (gate.cluster(), &cfg.cluster) {
+        c.advertise(advertised(cc, scheme, s3_addr)?);
+    }
     println!("fencegate listening s3={s3_addr} admin={admin_addr} scheme={scheme}");
     let _ = std::io::stdout().flush();
     serve(listeners, services, &cfg.server, shutdown_signal()).await;
+    // The next owners of this replica's resources need not wait for its
+    // lease to run out.
+    gate.release_all().await;
     Ok(())
+}
+
+/// Cluster mode: the URL other replicas forward requests to.
+fn advertised(
+    c: &crate::config::ClusterConfig,
+    scheme: &str,
+    s3_addr: std::net::SocketAddr,
+) -> Result<String, StartError> {
+    if let Some(url) = &c.advertise {
+        return Ok(url.clone());
+    }
+    if s3_addr.ip().is_unspecified() {
+        return Err(StartError(format!(
+            "cluster.advertise: the S3 listener is on {s3_addr}, which the other replicas              cannot reach as such; set the address they should forward to,              e.g. \"{scheme}://10.0.0.5:{}\"",
+            s3_addr.port()
+        )));
+    }
+    Ok(format!("{scheme}://{s3_addr}"))
 }
 
 /// What start-up builds and serving uses: the S3 side, the admin side, and
@@ -174,7 +199,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         let bucket = cfg.backend.probe_bucket.clone();
         probe.spawn(upstream.clone(), bucket, Duration::from_secs(60));
     }
-    let proxy = Arc::new(Proxy::new(cfg, gate.clone(), upstream));
+    let proxy = Arc::new(Proxy::new(cfg, gate.clone(), upstream).map_err(StartError)?);
     let admin = Arc::new(Admin {
         gate,
         metrics,

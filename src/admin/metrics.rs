@@ -52,6 +52,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
     );
     describe_gauge!(CACHED_FENCES, "resources whose fence is cached in memory");
     describe_counter!(
+        CLUSTER_TAKES,
+        "resources this replica took ownership of (cluster mode)"
+    );
+    describe_counter!(
+        CLUSTER_FORWARDED,
+        "requests forwarded to the replica owning their resource"
+    );
+    describe_counter!(
         QUARANTINES,
         "writes with an unknown outcome whose resource was held closed"
     );

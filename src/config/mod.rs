@@ -55,6 +55,17 @@ pub struct ClusterConfig {
     pub replica_ttl_ms: u64,
     /// TLS and credentials for etcd (`https://` endpoints, RBAC user).
     pub etcd_access: access::AccessConfig,
+    /// Each resource is owned by one replica at a time, which admits its
+    /// requests locally; the others forward them there (docs/cluster.md,
+    /// "Owners"). Off: every write is admitted in etcd.
+    pub ownership: bool,
+    /// The URL other replicas forward requests to, `http(s)://host:port`.
+    /// Default: the S3 listener's address, which must then not be a
+    /// wildcard (`0.0.0.0`).
+    pub advertise: Option<String>,
+    /// CA of the other replicas' certificates when `advertise` is
+    /// `https://` (default: the system's roots).
+    pub peer_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -64,6 +75,9 @@ impl Default for ClusterConfig {
             prefix: "fencegate/".into(),
             replica_ttl_ms: 5000,
             etcd_access: access::AccessConfig::default(),
+            ownership: true,
+            advertise: None,
+            peer_ca_file: None,
         }
     }
 }

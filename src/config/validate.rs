@@ -216,6 +216,14 @@ pub(super) fn cluster(cluster: &ClusterConfig, backend: &BackendConfig) -> Resul
     if cluster.prefix.is_empty() {
         return Err(err("cluster.prefix", "must not be empty"));
     }
+    if let Some(url) = &cluster.advertise
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        return Err(err(
+            "cluster.advertise",
+            format!("{url:?} is not an http:// or https:// URL"),
+        ));
+    }
     if cluster.replica_ttl_ms < 2000 {
         return Err(err(
             "cluster.replica_ttl_ms",

@@ -33,7 +33,9 @@
 //! than `admission_wait_ms` ends in `503 SlowDown`.
 //!
 //! In cluster mode the hold is a key in etcd instead, under the replica's
-//! lease (`cluster/holds.rs`), so that it spans the replicas.
+//! lease (`cluster/holds.rs`), so that it spans the replicas; except, with
+//! owners, for the objects of fenced resources: every write to those
+//! reaches the resource's owner, so their holds are the owner's, here.
 
 use super::cluster::{Cluster, Registration, WaitError};
 use dashmap::DashMap;
@@ -230,6 +232,18 @@ impl ObjectHold {
         self.stripe.is_none() && self.shared.is_empty()
     }
 
+    /// Adds what `other` holds to this hold.
+    pub fn merge(&mut self, mut other: ObjectHold) {
+        self.locks.append(&mut other.locks);
+        if let Some(s) = other.stripe.take() {
+            self.push(s);
+        }
+        for s in other.stripes.drain(..) {
+            self.push(s);
+        }
+        self.shared.append(&mut other.shared);
+    }
+
     fn push(&mut self, s: StripeHold) {
         match self.stripe {
             None => self.stripe = Some(s),
@@ -289,7 +303,7 @@ impl Holds {
     /// admission, in the same etcd transaction, rather than by a
     /// transaction of its own.
     pub fn shared_in_admission(&self) -> bool {
-        !self.off && self.cluster.is_some()
+        !self.off && self.cluster.as_ref().is_some_and(|c| !c.owning)
     }
 
     /// Objects held alone or waited for in this process now (tests).
@@ -299,12 +313,13 @@ impl Holds {
 
     /// The unconditional write's way: shares `bucket/key` at once, without
     /// waiting, when nothing conditional is in its stripe. `None`: take
-    /// [`Holds::hold`].
-    pub fn try_share(&self, bucket: &str, key: &str) -> Option<ObjectHold> {
+    /// [`Holds::hold`]. `here`: the object is held in this process even in
+    /// cluster mode (its resource is owned here).
+    pub fn try_share(&self, bucket: &str, key: &str, here: bool) -> Option<ObjectHold> {
         if self.off {
             return Some(ObjectHold::none());
         }
-        if self.cluster.is_some() {
+        if self.cluster.is_some() && !here {
             return None;
         }
         let stripe = self.table.stripe_of_parts(bucket, key);
@@ -322,15 +337,20 @@ impl Holds {
 
     /// Holds every object of `objects` (names from [`object_name`]); an
     /// object named twice is held once, alone if either asks for that.
-    /// Gives up after `admission_wait_ms`.
-    pub async fn hold(&self, objects: Vec<(String, Mode)>) -> Result<ObjectHold, HoldError> {
-        if self.off {
+    /// Gives up after `admission_wait_ms`. `here`: as for
+    /// [`Holds::try_share`].
+    pub async fn hold(
+        &self,
+        objects: Vec<(String, Mode)>,
+        here: bool,
+    ) -> Result<ObjectHold, HoldError> {
+        if self.off || objects.is_empty() {
             return Ok(ObjectHold::none());
         }
         let deadline = Instant::now() + self.wait;
         match &self.cluster {
-            Some(c) => hold_in_etcd(c, objects, deadline).await,
-            None => self.hold_here(objects, deadline).await,
+            Some(c) if !here => hold_in_etcd(c, objects, deadline).await,
+            _ => self.hold_here(objects, deadline).await,
         }
     }
 
@@ -468,10 +488,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn shared_holds_go_together_and_alone_waits_for_them() {
         let h = holds();
-        let a = h.try_share("b", "k").unwrap();
-        let b = h.hold(one("b/k", Mode::Shared)).await.unwrap();
+        let a = h.try_share("b", "k", false).unwrap();
+        let b = h.hold(one("b/k", Mode::Shared), false).await.unwrap();
         let h2 = h.clone();
-        let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone)).await });
+        let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), false).await });
         tokio::task::yield_now().await;
         assert!(!alone.is_finished());
         drop(a);
@@ -480,28 +500,28 @@ mod tests {
         drop(b);
         let alone = alone.await.unwrap().unwrap();
         assert!(
-            h.try_share("b", "k").is_none(),
+            h.try_share("b", "k", false).is_none(),
             "a shared write waits for an alone one"
         );
         // Another object's conditional write goes beside it.
-        drop(h.hold(one("b/other", Mode::Alone)).await.unwrap());
+        drop(h.hold(one("b/other", Mode::Alone), false).await.unwrap());
         drop(alone);
-        assert!(h.try_share("b", "k").is_some());
+        assert!(h.try_share("b", "k", false).is_some());
         assert_eq!(h.entries(), 0, "nothing held alone, nothing kept");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_shared_write_waits_for_a_conditional_one_and_gives_up_at_the_bound() {
         let h = holds();
-        let alone = h.hold(one("b/k", Mode::Alone)).await.unwrap();
+        let alone = h.hold(one("b/k", Mode::Alone), false).await.unwrap();
         let waited = Instant::now();
         assert!(matches!(
-            h.hold(one("b/k", Mode::Shared)).await,
+            h.hold(one("b/k", Mode::Shared), false).await,
             Err(HoldError::Busy(_))
         ));
         assert_eq!(waited.elapsed(), Duration::from_secs(5));
         drop(alone);
-        assert!(h.hold(one("b/k", Mode::Shared)).await.is_ok());
+        assert!(h.hold(one("b/k", Mode::Shared), false).await.is_ok());
         assert_eq!(h.entries(), 0);
     }
 
@@ -510,16 +530,16 @@ mod tests {
         // A shared write that comes after a waiting conditional one does not
         // overtake it (else a stream of unconditional writes could starve it).
         let h = holds();
-        let first = h.try_share("b", "k").unwrap();
+        let first = h.try_share("b", "k", false).unwrap();
         let h2 = h.clone();
-        let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone)).await });
+        let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), false).await });
         tokio::task::yield_now().await;
         assert!(
-            h.try_share("b", "k").is_none(),
+            h.try_share("b", "k", false).is_none(),
             "a later shared write overtook a waiting alone"
         );
         let h3 = h.clone();
-        let late = tokio::spawn(async move { h3.hold(one("b/k", Mode::Shared)).await });
+        let late = tokio::spawn(async move { h3.hold(one("b/k", Mode::Shared), false).await });
         tokio::task::yield_now().await;
         drop(first);
         let alone = alone.await.unwrap().unwrap();
@@ -532,9 +552,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn conditional_writes_of_one_object_take_turns() {
         let h = holds();
-        let first = h.hold(one("b/k", Mode::Alone)).await.unwrap();
+        let first = h.hold(one("b/k", Mode::Alone), false).await.unwrap();
         let h2 = h.clone();
-        let second = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone)).await });
+        let second = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), false).await });
         tokio::task::yield_now().await;
         assert!(!second.is_finished());
         drop(first);
@@ -563,14 +583,14 @@ mod tests {
                     .collect();
                 names.rotate_left(i % 6);
                 names.push(names[0].clone());
-                let held = many.hold(names).await.unwrap();
+                let held = many.hold(names, false).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(held);
             }));
             let single = h.clone();
             tasks.push(tokio::spawn(async move {
                 let held = single
-                    .hold(one(&format!("b/{}", i % 6), Mode::Shared))
+                    .hold(one(&format!("b/{}", i % 6), Mode::Shared), false)
                     .await;
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(held.unwrap());

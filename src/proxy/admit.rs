@@ -4,7 +4,7 @@
 //! write and share its object's hold.
 
 use super::{Fenced, Proxy, RequestCtx, upload_key};
-use crate::fence::gate::Kind;
+use crate::fence::gate::{Kind, Refusal};
 use crate::fence::hold::object_name;
 use crate::fence::resource::Fencing;
 use crate::metric_names as m;
@@ -86,6 +86,7 @@ impl Proxy {
             token,
             permit: None,
             hold: None,
+            owner: None,
         };
         let (bucket, key) = match (&op.bucket, &op.key) {
             (Some(b), Some(k)) => (b, k),
@@ -122,12 +123,25 @@ impl Proxy {
                 .map(|p| (p, None)),
         };
         m::handles::admission_wait().record(admitting.elapsed().as_secs_f64());
-        let (permit, hold) = admitted.map_err(|r| S3Error::from_refusal(r, &resource))?;
+        let (permit, hold, owner) = match admitted {
+            Ok((permit, hold)) => (permit, hold, None),
+            Err(Refusal::Elsewhere(owner, epoch)) => (None, None, Some((owner, epoch))),
+            Err(r) => return Err(S3Error::from_refusal(r, &resource)),
+        };
+        // A forwarded request is admitted only by the tenure it was sent
+        // to (`to_owner.rs`).
+        if let Some(epoch) = ctx.forwarded
+            && owner.is_none()
+            && self.gate.owner_epoch(&resource) != Some(epoch)
+        {
+            return Err(super::to_owner::moved(&resource));
+        }
         Ok(Fenced {
             resource: Some(resource),
             token: Some(token),
             permit: permit.map(Arc::new),
             hold: hold.map(Arc::new),
+            owner,
         })
     }
 }

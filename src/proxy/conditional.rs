@@ -50,11 +50,14 @@ impl Proxy {
     /// (alone when it has conditions, shared otherwise), and its
     /// conditions are judged under the hold, on the object as the backend
     /// has it now. The hold is kept until the write's exchange is over.
+    /// `here`: the hold is this process's even in cluster mode (the
+    /// object's resource is owned here).
     pub(super) async fn hold_object(
         &self,
         headers: &HeaderMap,
         op: &Operation,
         conditions: Option<&Conditions>,
+        here: bool,
     ) -> Result<Arc<ObjectHold>, S3Error> {
         let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
             return Ok(Arc::new(ObjectHold::none()));
@@ -68,7 +71,7 @@ impl Proxy {
         let hold = self
             .gate
             .holds()
-            .hold(vec![(object.clone(), mode)])
+            .hold(vec![(object.clone(), mode)], here)
             .await
             .map_err(S3Error::from_hold)?;
         if let Some(c) = conditions {
@@ -87,6 +90,7 @@ impl Proxy {
         &self,
         op: &Operation,
         conditions: Option<&Conditions>,
+        here: bool,
     ) -> Option<Arc<ObjectHold>> {
         let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
             return Some(Arc::new(ObjectHold::none()));
@@ -97,7 +101,7 @@ impl Proxy {
         if conditions.is_some() {
             return None;
         }
-        self.gate.holds().try_share(bucket, key).map(Arc::new)
+        self.gate.holds().try_share(bucket, key, here).map(Arc::new)
     }
 
     /// The object as the backend has it now, by a HEAD with fencegate's

@@ -326,16 +326,16 @@ mod tests {
     async fn a_lost_answer_keeps_the_object_held_for_the_quarantine() {
         let holds = Holds::new(Duration::from_secs(1), None);
         let one = |m| vec![("b/k".to_string(), m)];
-        let streaming = holds.hold(one(Mode::Shared)).await.unwrap();
+        let streaming = holds.hold(one(Mode::Shared), false).await.unwrap();
         assert!(!settle(held(vec![], streaming), Some("reset")));
-        let sent = holds.hold(one(Mode::Shared)).await.unwrap();
+        let sent = holds.hold(one(Mode::Shared), false).await.unwrap();
         assert!(sent.body_complete());
         assert!(settle(held(vec![], sent), Some("timed out")));
         assert!(matches!(
-            holds.hold(one(Mode::Alone)).await,
+            holds.hold(one(Mode::Alone), false).await,
             Err(HoldError::Busy(_))
         ));
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert!(holds.hold(one(Mode::Alone)).await.is_ok());
+        assert!(holds.hold(one(Mode::Alone), false).await.is_ok());
     }
 }

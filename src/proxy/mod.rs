@@ -41,6 +41,7 @@ mod multi_delete;
 mod outgoing;
 mod public;
 mod small_body;
+mod to_owner;
 
 use crate::body::{ProxyBody, full};
 use crate::config::{Config, Credential};
@@ -87,6 +88,8 @@ pub struct Proxy {
     quarantine: Duration,
     /// `fence.conditional_writes` (`conditional.rs`).
     conditional_writes: bool,
+    /// Cluster mode with owners: the other replicas (`to_owner.rs`).
+    peers: Option<to_owner::Peers>,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -113,6 +116,9 @@ struct RequestCtx {
     highest: Option<u64>,
     decision: &'static str,
     payload: &'static str,
+    /// Cluster mode with owners: the owner's epoch a forwarding replica
+    /// saw (`to_owner.rs`).
+    forwarded: Option<i64>,
 }
 
 /// What the phases before the upstream request established.
@@ -132,6 +138,9 @@ struct Fenced {
     permit: Option<Arc<Permit>>,
     /// Cluster mode: the object's shared hold, put by the admission.
     hold: Option<Arc<ObjectHold>>,
+    /// Cluster mode with owners: the replica that owns the resource, and
+    /// its epoch, when it is not this one (the request goes there).
+    owner: Option<(String, i64)>,
 }
 
 fn is_presign_param(k: &str) -> bool {
@@ -158,9 +167,13 @@ fn header_name(name: &str) -> http::HeaderName {
 }
 
 impl Proxy {
-    pub fn new(cfg: &Config, gate: Arc<Gate>, upstream: Arc<Upstream>) -> Proxy {
+    pub fn new(cfg: &Config, gate: Arc<Gate>, upstream: Arc<Upstream>) -> Result<Proxy, String> {
         let stamp_header = cfg.fence.stamp_header().map(|h| header_name(&h));
-        Proxy {
+        let peers = match &cfg.cluster {
+            Some(c) if c.ownership => Some(to_owner::Peers::new(c.peer_ca_file.as_deref())?),
+            _ => None,
+        };
+        Ok(Proxy {
             region: cfg.server.region.clone(),
             creds: Credentials::new(&cfg.credentials),
             resolver: Resolver::new(&cfg.rules),
@@ -179,9 +192,10 @@ impl Proxy {
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             conditional_writes: cfg.fence.conditional_writes,
+            peers,
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
-        }
+        })
     }
 
     fn request_id(&self) -> String {
@@ -224,6 +238,7 @@ impl Proxy {
             highest: None,
             decision: "forwarded",
             payload: "",
+            forwarded: None,
         };
         let resp = match self.process(req, &mut ctx).await {
             Ok(r) => r,
@@ -273,17 +288,37 @@ impl Proxy {
             return Box::pin(self.anonymous_read(ctx, &head, query)).await;
         }
         let verified = self.authenticate(ctx, &head, &query)?;
+        if self.peers.is_some() {
+            ctx.forwarded = to_owner::forwarded_epoch(&head.headers);
+        }
         let op = self.classify(ctx, &head, &query)?;
         self.authorize(&verified, &op)?;
         let versioned = query::has_query_param(&query, "versionId");
         let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
-        let fenced = self.fence(ctx, &op, token, conditions.is_none()).await?;
+        let (fenced, incoming) = match self.fence(ctx, &op, token, conditions.is_none()).await? {
+            f if f.owner.is_none() => (f, incoming),
+            f => match Box::pin(self.owned_elsewhere(
+                ctx,
+                &head,
+                incoming,
+                f,
+                &op,
+                conditions.is_none(),
+            ))
+            .await?
+            {
+                Ok(resp) => return Ok(resp),
+                Err(owned_here) => owned_here,
+            },
+        };
+        // With owners, a fenced object's writes all reach this replica.
+        let here = self.peers.is_some() && fenced.resource.is_some();
         let hold = match (fenced.hold.clone(), &conditions) {
             (Some(hold), _) => hold,
-            (None, c) => match self.hold_at_once(&op, c.as_ref()) {
+            (None, c) => match self.hold_at_once(&op, c.as_ref(), here) {
                 Some(hold) => hold,
-                None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref())).await?,
+                None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref(), here)).await?,
             },
         };
         let admitted = Admitted {

@@ -70,15 +70,28 @@ impl Proxy {
                 self.admit_all(&resources, t).await?
             }
         };
-        let objects = delete.objects.iter().map(|o| {
+        // With owners, the holds of fenced keys are this replica's (it owns
+        // their resources now); the others are in etcd. Always in this order.
+        let (mut here, mut shared) = (Vec::new(), Vec::new());
+        for o in &delete.objects {
             let mode = match o.conditions {
                 Some(_) => Mode::Alone,
                 None => Mode::Shared,
             };
-            (object_name(bucket, &o.key), mode)
-        });
-        let hold = self.gate.holds().hold(objects.collect()).await;
-        let hold = hold.map_err(S3Error::from_hold)?;
+            let fenced = matches!(self.resolver.resolve(bucket, &o.key), Fencing::Fenced(_));
+            match self.peers.is_some() && fenced {
+                true => here.push((object_name(bucket, &o.key), mode)),
+                false => shared.push((object_name(bucket, &o.key), mode)),
+            }
+        }
+        let holds = self.gate.holds();
+        let mut hold = holds.hold(here, true).await.map_err(S3Error::from_hold)?;
+        hold.merge(
+            holds
+                .hold(shared, false)
+                .await
+                .map_err(S3Error::from_hold)?,
+        );
         let refused = self.judge_keys(bucket, &delete, &out.headers).await?;
         delete
             .objects

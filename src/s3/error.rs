@@ -103,6 +103,10 @@ impl S3Error {
             Refusal::Unavailable(e) => S3Error::ServiceUnavailable(format!(
                 "the shared fence table cannot be reached: {e}"
             )),
+            Refusal::Elsewhere(replica, _) => S3Error::SlowDown(format!(
+                "{resource} is owned by replica {replica}, which this request cannot reach from here"
+            )),
+            Refusal::Moved => S3Error::SlowDown(format!("{resource} moved to another replica")),
         }
     }
 

@@ -79,7 +79,7 @@ static HOP_BY_HOP: [HeaderName; 7] = [
 
 /// Request headers that never go upstream besides the hop-by-hop ones: the
 /// client's signature, and what fencegate sets itself.
-static DROPPED: [HeaderName; 11] = [
+static DROPPED: [HeaderName; 12] = [
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
     header::EXPECT,
@@ -92,6 +92,8 @@ static DROPPED: [HeaderName; 11] = [
     X_AMZ_TRAILER,
     // Forwarded only as fencegate parsed it, on copies (see s3::names).
     X_AMZ_COPY_SOURCE,
+    // Between replicas only (`proxy/to_owner.rs`).
+    HeaderName::from_static("x-fencegate-forwarded"),
 ];
 
 /// Copies the client's headers minus the dropped ones and `extra_drop`,

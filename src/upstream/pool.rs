@@ -89,6 +89,31 @@ impl Pool {
         }
     }
 
+    /// [`Pool::send`] of the request `build` makes, made only once a
+    /// connection is there: when none can be made, `build` is not called
+    /// (whatever it would consume is still the caller's). The error says
+    /// whether the request was built.
+    pub async fn send_when_connected(
+        &self,
+        build: impl FnOnce() -> Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, (Error, bool)> {
+        let mut sender = match self.checkout() {
+            Some(s) => s,
+            None => self.connect().await.map_err(|e| (e, false))?,
+        };
+        match sender.try_send_request(build()).await {
+            Ok(resp) => {
+                self.keep(sender);
+                Ok(resp)
+            }
+            // A kept connection gone: the request, unsent, on a new one.
+            Err(mut e) => match e.take_message() {
+                Some(unsent) => self.send(unsent).await.map_err(|e| (e, true)),
+                None => Err((e.into_error().into(), true)),
+            },
+        }
+    }
+
     /// The most recently used ready connection, if any; drops closed and
     /// expired ones on the way. The lock covers a scan of the list.
     fn checkout(&self) -> Option<Sender> {

@@ -1,9 +1,12 @@
 //! A TCP relay the test can freeze: bytes stop moving both ways while the
 //! connections stay open, as in a network partition (no reset, no FIN).
 //! Put between a fencegate replica and etcd, it cuts that replica off
-//! from etcd and nothing else.
+//! from etcd and nothing else. It can also slow every chunk down (a far
+//! or congested link), to make what a replica hears from etcd late.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -11,6 +14,7 @@ use tokio::sync::watch;
 pub struct Relay {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
+    delay_ms: Arc<AtomicU64>,
 }
 
 impl Relay {
@@ -22,6 +26,8 @@ impl Relay {
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
         let (frozen, rx) = watch::channel(false);
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let delay = delay_ms.clone();
         let target = target.to_string();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -36,12 +42,21 @@ impl Relay {
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, rx.clone()));
-                    tokio::spawn(pump(sr, cw, rx.clone()));
+                    tokio::spawn(pump(cr, sw, rx.clone(), delay.clone()));
+                    tokio::spawn(pump(sr, cw, rx.clone(), delay.clone()));
                 }
             });
         });
-        Relay { addr, frozen }
+        Relay {
+            addr,
+            frozen,
+            delay_ms,
+        }
+    }
+
+    /// Holds every chunk this long before passing it on.
+    pub fn delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     pub fn url(&self) -> String {
@@ -57,6 +72,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    delay_ms: Arc<AtomicU64>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -67,6 +83,10 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        let delay = delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
         // Bytes read just before a freeze wait for the thaw too.
         if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
             return;

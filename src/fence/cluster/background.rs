@@ -14,6 +14,8 @@ const DEREGISTER_BATCH: usize = 100;
 pub enum Seen<'a> {
     /// A fence was put, by any replica.
     Raised(&'a str, u64),
+    /// Every raise up to this revision has been reported.
+    Through(i64),
     /// Raises may have been missed (history compacted while the watch was
     /// down): re-read what matters.
     Gap,
@@ -41,8 +43,9 @@ impl Cluster {
                         }
                         break;
                     }
-                    if let Some(h) = resp.header() {
-                        next = Some(h.revision() + 1);
+                    let revision = resp.header().map(|h| h.revision());
+                    if let Some(r) = revision {
+                        next = Some(r + 1);
                     }
                     for ev in resp.events() {
                         let Some(kv) = ev.kv() else { continue };
@@ -55,6 +58,9 @@ impl Cluster {
                         ) {
                             seen(Seen::Raised(r, t));
                         }
+                    }
+                    if let Some(r) = revision {
+                        seen(Seen::Through(r));
                     }
                 }
             }

@@ -18,7 +18,16 @@
 //!   object (`holds.rs`), under the replica's lease; its value says how
 //!   (`alone` or `shared`);
 //! - `uploads/<bucket/key\nuploadId>`: the token that created a multipart
-//!   upload.
+//!   upload;
+//! - `owners/<len>:<resource>`: the replica that admits the resource's
+//!   requests (`owners.rs`), under its lease; the key's create revision is
+//!   the owner's epoch;
+//! - `owned/<len>:<resource>`: there while an owner has the resource and
+//!   deleted with `owners/` when it lets go: found alone, the owner died;
+//! - `replicas/<replica>`: where a replica's S3 listener is, under its
+//!   lease (requests for a resource it owns are forwarded there);
+//! - `seen/<replica>`: the revision up to which a replica has applied the
+//!   raises made elsewhere, under its lease.
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -110,6 +119,22 @@ impl Keys {
 
     pub fn upload(&self, upload: &str) -> String {
         format!("{}uploads/{upload}", self.prefix)
+    }
+
+    pub fn owner(&self, resource: &str) -> String {
+        format!("{}owners/{}:{resource}", self.prefix, resource.len())
+    }
+
+    pub fn owned(&self, resource: &str) -> String {
+        format!("{}owned/{}:{resource}", self.prefix, resource.len())
+    }
+
+    pub fn replica(&self, replica: &str) -> String {
+        format!("{}replicas/{replica}", self.prefix)
+    }
+
+    pub fn seen(&self, replica: &str) -> String {
+        format!("{}seen/{replica}", self.prefix)
     }
 }
 

@@ -25,10 +25,13 @@ mod batch;
 mod holds;
 pub mod keys;
 mod lease;
+mod owners;
+mod peers;
 mod store;
 mod wait;
 
 pub use background::Seen;
+pub use owners::{OwnedRaise, Take, Tenure, UnownedRaise};
 pub use wait::Lower;
 
 use crate::config::ClusterConfig;
@@ -106,6 +109,14 @@ pub struct Cluster {
     /// How long newer writes still wait after a lower write's replica lost
     /// its lease: the backend may still apply a body it already had.
     expired_hold: Duration,
+    /// `cluster.ownership`: resources are owned by one replica at a time
+    /// (`owners.rs`) rather than admitted in etcd write by write.
+    pub owning: bool,
+    /// Other replicas' S3 URLs (`peers.rs`).
+    addresses: dashmap::DashMap<String, String>,
+    /// Replicas whose lease has ended, and a count bumped at each.
+    departed: dashmap::DashMap<String, ()>,
+    departures: tokio::sync::watch::Sender<u64>,
 }
 
 fn etcd(e: impl std::fmt::Display) -> ClusterError {
@@ -209,6 +220,9 @@ impl Cluster {
         tokio::spawn(cluster.lease.clone().keep(cluster.client.clone()));
         tokio::spawn(background::deregister_worker(cluster.clone(), deregistered));
         tokio::spawn(cluster.clone().sweep(ttl));
+        if cluster.owning {
+            tokio::spawn(cluster.clone().follow_replicas());
+        }
         tracing::info!(
             replica = cluster.replica,
             prefix = cfg.prefix,
@@ -246,6 +260,10 @@ impl Cluster {
             deregister: tx,
             live: Default::default(),
             expired_hold: Duration::ZERO,
+            owning: cfg.ownership,
+            addresses: Default::default(),
+            departed: Default::default(),
+            departures: tokio::sync::watch::Sender::new(0),
         };
         Ok((cluster, rx))
     }

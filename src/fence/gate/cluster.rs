@@ -52,6 +52,9 @@ impl Gate {
         let Some(c) = self.cluster.clone() else {
             return;
         };
+        if c.owning {
+            return self.follow_as_owner(c);
+        }
         let gate = Arc::downgrade(self);
         tokio::spawn(c.follow_raises(move |seen| {
             let Some(gate) = gate.upgrade() else { return };
@@ -64,16 +67,21 @@ impl Gate {
                 Seen::Gap => {
                     tokio::spawn(async move { gate.reread_busy_fences().await });
                 }
+                Seen::Through(_) => {}
             }
         }));
     }
 
-    /// Reads again the fence of every resource with a write in flight here.
-    async fn reread_busy_fences(&self) {
+    /// Reads again the fence of every resource with a write in flight
+    /// here, or owned here.
+    pub(super) async fn reread_busy_fences(&self) {
         let busy: Vec<String> = self
             .slots
             .iter()
-            .filter(|s| !s.value().lock().inflight.is_empty())
+            .filter(|s| {
+                let st = s.value().lock();
+                !st.inflight.is_empty() || st.owned.is_some()
+            })
             .map(|s| s.key().clone())
             .collect();
         for r in busy {
@@ -161,7 +169,7 @@ impl Gate {
                 if let Some(h) = st.highest.filter(|h| *h > token) {
                     return Err(Refusal::Stale { token, highest: h });
                 }
-                Some(push_entry(&slot, &mut st, token, Some(r)))
+                Some(push_entry(&slot, &mut st, token, Some(r), None))
             }
             None => None,
         };

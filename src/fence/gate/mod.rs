@@ -16,13 +16,18 @@
 //! [`Permit::body_complete`] before it lets the last bytes go, which is the
 //! point after which an abort can no longer be promised.
 //!
-//! In cluster mode (`cluster.rs`) the check, the raise and the barrier are
-//! one etcd transaction shared by every replica; the slots then only keep
-//! this replica's writes in flight (to abort them) and a hint of the fence.
+//! In cluster mode with owners (`owned.rs`, the default) a replica admits
+//! the resources it owns with these same steps, its raises put in etcd
+//! under its epoch, and refuses the others as [`Refusal::Elsewhere`] for
+//! the proxy to forward. Without owners (`cluster.rs`) the check, the raise
+//! and the barrier are one etcd transaction shared by every replica; the
+//! slots then only keep this replica's writes in flight (to abort them)
+//! and a hint of the fence.
 
 mod cluster;
+mod owned;
 
-use super::cluster::{Cluster, Registration};
+use super::cluster::{Cluster, Registration, Tenure};
 use super::hold::Holds;
 use super::store::{FenceStore, StoreError};
 use crate::metric_names as m;
@@ -49,6 +54,14 @@ pub enum Refusal {
     /// Cluster mode: etcd cannot be asked now, so nothing is admitted.
     #[error("the shared fence table cannot be reached: {0}")]
     Unavailable(String),
+    /// Cluster mode with owners: the resource is owned by this replica,
+    /// at this epoch.
+    #[error("the resource is owned by replica {0}")]
+    Elsewhere(String, i64),
+    /// Cluster mode with owners: this replica lost the resource while
+    /// admitting (it is tried again).
+    #[error("the resource moved to another replica")]
+    Moved,
 }
 
 /// Whether the admitted request is tracked in flight.
@@ -81,6 +94,11 @@ struct SlotState {
     highest: Option<u64>,
     inflight: Vec<Entry>,
     next_id: u64,
+    /// Cluster mode with owners: this replica's tenure on the resource.
+    owned: Option<owned::Owned>,
+    /// Cluster mode with owners: the replica that owns it (and its epoch)
+    /// when another does, as last seen.
+    elsewhere: Option<(String, i64)>,
 }
 
 #[derive(Default)]
@@ -137,6 +155,8 @@ pub struct Permit {
     abort: Arc<AbortSignal>,
     /// Cluster mode: the write's registration in etcd, deleted on drop.
     shared: Option<Registration>,
+    /// Cluster mode with owners: the tenure the write was admitted under.
+    tenure: Option<(Arc<Cluster>, Tenure)>,
     /// Cluster mode: failed because this replica's lease may have lapsed.
     lease_lost: AtomicBool,
 }
@@ -147,7 +167,8 @@ impl Permit {
     pub fn body_complete(&self) -> bool {
         let mut st = self.slot.lock();
         let raised_past = st.highest.is_some_and(|h| h > self.token);
-        let lapsed = self.shared.as_ref().is_some_and(|r| !r.fresh());
+        let lapsed = self.shared.as_ref().is_some_and(|r| !r.fresh())
+            || self.tenure.as_ref().is_some_and(|(c, t)| !c.holds(t));
         match st.inflight.iter_mut().find(|e| e.id == self.id) {
             Some(e) if e.phase == Phase::Aborted => false,
             Some(e) if raised_past || lapsed => {
@@ -221,6 +242,8 @@ pub struct Gate {
     cluster: Option<Arc<Cluster>>,
     /// The object holds of conditional writes (CONTRACT §8).
     holds: Holds,
+    /// Cluster mode with owners: resources whose release is in flight.
+    releasing: Arc<DashMap<String, ()>>,
 }
 
 /// Default for [`Gate::set_max_slots`].
@@ -236,6 +259,7 @@ impl Gate {
             ordered: true,
             cluster: None,
             holds: Holds::new(wait_bound, None),
+            releasing: Default::default(),
         }
     }
 
@@ -264,7 +288,20 @@ impl Gate {
     /// and a new reference can only be taken under the shard lock that
     /// `retain` holds while it looks, so nothing is dropped in use.
     fn evict_idle(&self) {
-        self.slots.retain(|_, s| Arc::strong_count(s) > 1);
+        let mut owned = Vec::new();
+        self.slots.retain(|r, s| {
+            let keep = Arc::strong_count(s) > 1;
+            if !keep && let Some(o) = s.lock().owned {
+                // Marked under the shard lock: a take that comes after the
+                // slot left waits for the release.
+                self.releasing.insert(r.clone(), ());
+                owned.push((r.clone(), o.tenure.epoch));
+            }
+            keep
+        });
+        for (r, epoch) in owned {
+            self.let_go(r, epoch);
+        }
         metrics::gauge!(m::CACHED_FENCES).set(self.slots.len() as f64);
     }
 
@@ -276,6 +313,16 @@ impl Gate {
 
     pub fn store(&self) -> &Arc<dyn FenceStore> {
         &self.store
+    }
+
+    /// Cluster mode: the replicas' shared state.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// `admission_wait_ms`: how long a request may wait to be admitted.
+    pub fn wait_bound(&self) -> Duration {
+        self.wait_bound
     }
 
     /// The slot of `resource`, made if missing (its fence not loaded).
@@ -324,18 +371,24 @@ impl Gate {
     /// [`Gate::raise`], also saying whether this call moved the fence (in
     /// cluster mode, false when another replica got there first).
     pub async fn raise_to(&self, resource: &str, token: u64) -> Result<(u64, bool), Refusal> {
-        if let Some(c) = &self.cluster {
-            return self.raise_shared(c, resource, token).await;
+        match &self.cluster {
+            Some(c) if c.owning => return Box::pin(self.raise_anywhere(c, resource, token)).await,
+            Some(c) => return self.raise_shared(c, resource, token).await,
+            None => {}
         }
         let slot = self.slot(resource).await?;
-        self.raise_slot(&slot, resource, token).await
+        self.raise_slot(&slot, resource, token, None).await
     }
 
+    /// Raises `slot` when `token` is above its fence: in the store, or,
+    /// for an `owner` (with owners in cluster mode), in etcd under its
+    /// epoch.
     async fn raise_slot(
         &self,
         slot: &Slot,
         resource: &str,
         token: u64,
+        owner: Option<Owner<'_>>,
     ) -> Result<(u64, bool), Refusal> {
         let stale = |highest| Refusal::Stale { token, highest };
         let needs_raise = |h: Option<u64>| -> Result<bool, Refusal> {
@@ -352,7 +405,10 @@ impl Gate {
         if !needs_raise(slot.lock().highest)? {
             return Ok((token, false));
         }
-        let recorded = self.store.raise(resource, token).await?;
+        let recorded = match owner {
+            Some(o) => self.raise_owned(slot, resource, token, o).await?,
+            None => self.store.raise(resource, token).await?,
+        };
         metrics::counter!(m::RAISES).increment(1);
         let h = self.note_raise(slot, recorded.max(token));
         if token < h {
@@ -387,17 +443,35 @@ impl Gate {
         token: u64,
         kind: Kind,
     ) -> Result<Option<Permit>, Refusal> {
-        if let Some(c) = &self.cluster {
-            // Boxed: its etcd transaction is a future of several KB, which
-            // would otherwise size every request's future, clustered or not.
-            let admitted = Box::pin(self.admit_shared(c, resource, token, kind, None)).await;
-            return admitted.map(|(permit, _)| permit);
+        // Boxed: their etcd transactions are futures of several KB, which
+        // would otherwise size every request's future, clustered or not.
+        match &self.cluster {
+            Some(c) if c.owning => {
+                return Box::pin(self.admit_owned(c, resource, token, kind)).await;
+            }
+            Some(c) => {
+                let admitted = Box::pin(self.admit_shared(c, resource, token, kind, None)).await;
+                return admitted.map(|(permit, _)| permit);
+            }
+            None => {}
         }
         let slot = self.slot(resource).await?;
-        self.raise_slot(&slot, resource, token).await?;
+        self.raise_slot(&slot, resource, token, None).await?;
+        self.barrier(&slot, token, kind, None).await
+    }
+
+    /// Waits until no lower-token write is in flight in `slot`, up to the
+    /// bound, and admits.
+    async fn barrier(
+        &self,
+        slot: &Arc<Slot>,
+        token: u64,
+        kind: Kind,
+        owner: Option<Owner<'_>>,
+    ) -> Result<Option<Permit>, Refusal> {
         // The common case (nothing older in flight) admits at once, without
         // reading the clock or arming a wake-up.
-        if let Some(done) = self.try_admit(&slot, token, kind) {
+        if let Some(done) = self.try_admit(slot, token, kind, owner) {
             return done;
         }
         let deadline = tokio::time::Instant::now() + self.wait_bound;
@@ -405,7 +479,7 @@ impl Gate {
             let notified = slot.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(done) = self.try_admit(&slot, token, kind) {
+            if let Some(done) = self.try_admit(slot, token, kind, owner) {
                 return done;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -416,13 +490,21 @@ impl Gate {
 
     /// One admission attempt under the slot's lock: refused, admitted, or
     /// `None` when an older write is still in flight and the caller waits.
+    /// An `owner` admits only while its tenure stands.
     fn try_admit(
         &self,
         slot: &Arc<Slot>,
         token: u64,
         kind: Kind,
+        owner: Option<Owner<'_>>,
     ) -> Option<Result<Option<Permit>, Refusal>> {
         let mut st = slot.lock();
+        if let Some((c, tenure)) = owner {
+            match &mut st.owned {
+                Some(o) if o.tenure == tenure && c.holds(&tenure) => o.touched = true,
+                _ => return Some(Err(Refusal::Moved)),
+            }
+        }
         if let Some(h) = st.highest
             && token < h
         {
@@ -434,9 +516,13 @@ impl Gate {
         if kind == Kind::Read {
             return Some(Ok(None));
         }
-        Some(Ok(Some(push_entry(slot, &mut st, token, None))))
+        let tenure = owner.map(|(c, t)| (c.clone(), t));
+        Some(Ok(Some(push_entry(slot, &mut st, token, None, tenure))))
     }
 }
+
+/// An owner's admission: its cluster and its tenure on the resource.
+type Owner<'a> = (&'a Arc<Cluster>, Tenure);
 
 /// Registers a write of `token` in flight in `slot` (whose state `st` is)
 /// and returns its permit.
@@ -445,6 +531,7 @@ fn push_entry(
     st: &mut SlotState,
     token: u64,
     shared: Option<Registration>,
+    tenure: Option<(Arc<Cluster>, Tenure)>,
 ) -> Permit {
     let id = st.next_id;
     st.next_id += 1;
@@ -462,152 +549,10 @@ fn push_entry(
         token,
         abort,
         shared,
+        tenure,
         lease_lost: AtomicBool::new(false),
     }
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::super::store::{FenceRecord, StoreError};
-    use super::*;
-    use futures_util::future::BoxFuture;
-    use std::collections::HashMap;
-
-    /// A fence store in memory: the gate's tests run on paused time, where a
-    /// store's blocking I/O would let the clock jump.
-    #[derive(Default)]
-    pub(crate) struct MemStore {
-        fences: Mutex<HashMap<String, u64>>,
-        uploads: Mutex<HashMap<String, u64>>,
-    }
-
-    impl FenceStore for MemStore {
-        fn get(&self, r: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
-            let h = self.fences.lock().unwrap().get(r).copied();
-            Box::pin(async move { Ok(h) })
-        }
-        fn raise(&self, r: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
-            let mut f = self.fences.lock().unwrap();
-            let h = f.entry(r.to_string()).or_insert(token);
-            *h = (*h).max(token);
-            let h = *h;
-            Box::pin(async move { Ok(h) })
-        }
-        fn list(
-            &self,
-            _: &str,
-            _: Option<&str>,
-            _: usize,
-        ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>> {
-            Box::pin(async { Ok(Vec::new()) })
-        }
-        fn record_upload(&self, u: &str, t: u64) -> BoxFuture<'_, Result<(), StoreError>> {
-            self.uploads.lock().unwrap().insert(u.to_string(), t);
-            Box::pin(async { Ok(()) })
-        }
-        fn upload_token(&self, u: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
-            let t = self.uploads.lock().unwrap().get(u).copied();
-            Box::pin(async move { Ok(t) })
-        }
-        fn forget_upload(&self, u: &str) -> BoxFuture<'_, Result<(), StoreError>> {
-            self.uploads.lock().unwrap().remove(u);
-            Box::pin(async { Ok(()) })
-        }
-    }
-
-    pub(crate) fn gate(wait: Duration) -> Gate {
-        Gate::new(Arc::new(MemStore::default()), wait)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn check_table() {
-        let g = gate(Duration::from_secs(1));
-        drop(g.admit("r", 34, Kind::Write).await.unwrap());
-        assert!(matches!(
-            g.admit("r", 33, Kind::Write).await,
-            Err(Refusal::Stale { highest: 34, .. })
-        ));
-        drop(g.admit("r", 34, Kind::Write).await.unwrap());
-        assert!(g.admit("r", 40, Kind::Read).await.unwrap().is_none());
-        assert!(matches!(
-            g.admit("r", 39, Kind::Write).await,
-            Err(Refusal::Stale { highest: 40, .. })
-        ));
-        assert_eq!(g.highest("r").await.unwrap(), Some(40));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn raise_aborts_streaming_lower_write() {
-        let g = gate(Duration::from_secs(5));
-        let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
-        let signal = old.abort_signal();
-        let g = Arc::new(g);
-        let g2 = g.clone();
-        let newer = tokio::spawn(async move { g2.admit("r", 34, Kind::Write).await });
-        signal.fired().await;
-        assert!(!old.body_complete(), "aborted write may not complete");
-        assert!(!newer.is_finished());
-        drop(old);
-        assert!(newer.await.unwrap().unwrap().is_some());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn complete_lower_write_is_awaited_then_busy() {
-        let g = gate(Duration::from_secs(10));
-        let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
-        assert!(old.body_complete());
-        // The newer write waits for the older one, and gives up at the bound
-        // (on paused time: the bound passes at once, and exactly).
-        let waiting = tokio::time::Instant::now();
-        assert!(matches!(
-            g.admit("r", 34, Kind::Write).await,
-            Err(Refusal::Busy)
-        ));
-        assert_eq!(waiting.elapsed(), Duration::from_secs(10));
-        assert!(!old.abort_signal().is_fired());
-        drop(old);
-        assert!(g.admit("r", 34, Kind::Write).await.unwrap().is_some());
-        // The raise stayed: 33 is now stale.
-        assert!(matches!(
-            g.admit("r", 33, Kind::Write).await,
-            Err(Refusal::Stale { .. })
-        ));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn idle_slots_are_evicted_and_reload_their_fence() {
-        let mut g = gate(Duration::from_millis(100));
-        g.set_max_slots(10);
-        let busy = g.admit("busy", 5, Kind::Write).await.unwrap().unwrap();
-        for i in 0..100 {
-            drop(
-                g.admit(&format!("r{i}"), 10 + i, Kind::Write)
-                    .await
-                    .unwrap(),
-            );
-        }
-        assert!(g.cached_slots() <= 11, "{} slots cached", g.cached_slots());
-        // Evicted fences come back from the store.
-        assert!(matches!(
-            g.admit("r0", 9, Kind::Write).await,
-            Err(Refusal::Stale { highest: 10, .. })
-        ));
-        // The slot with a write in flight was kept: a newer token still
-        // waits for it and aborts it.
-        let g = Arc::new(g);
-        let g2 = g.clone();
-        let newer = tokio::spawn(async move { g2.admit("busy", 6, Kind::Write).await });
-        busy.abort_signal().fired().await;
-        drop(busy);
-        assert!(newer.await.unwrap().unwrap().is_some());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn equal_tokens_do_not_wait_for_each_other() {
-        let g = gate(Duration::from_millis(100));
-        let a = g.admit("r", 7, Kind::Write).await.unwrap().unwrap();
-        assert!(a.body_complete());
-        let b = g.admit("r", 7, Kind::Write).await.unwrap();
-        assert!(b.is_some());
-    }
-}
+pub(crate) mod tests;

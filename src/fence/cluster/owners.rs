@@ -1,0 +1,362 @@
+//! Owners (docs/cluster.md, "Owners"): each resource is admitted by one
+//! replica at a time, so that the common write costs etcd nothing.
+//!
+//! - **Take.** One transaction: if `owners/<r>` is absent, put it under
+//!   this replica's lease, put the `owned/<r>` marker, and read the fence
+//!   and the marker as they were. The key's create revision is the
+//!   owner's *epoch*. A marker found without an owner key means the last
+//!   owner died (its lease took the key, not a release): its writes may
+//!   still land at the backend for the rest of the quarantine, which the
+//!   new owner waits out before it admits.
+//! - **Admit.** While its lease is fresh (`lease.rs`), the owner admits
+//!   with the single-node gate: nothing in etcd.
+//! - **Raise.** A token above the fence is put only if the owner key
+//!   still has this epoch: a former owner whose lease lapsed cannot raise.
+//! - **Release.** An idle or evicted resource's keys are deleted, guarded
+//!   by the epoch: the next owner needs no wait.
+//! - **Raises made elsewhere** (the admin API, eager fencing at a replica
+//!   that does not own the resource) are put in etcd and then acknowledged
+//!   by the owner: it applies the raise to its writes in flight and puts
+//!   the revision it has reached at `seen/<replica>`. The raiser waits for
+//!   that, or for the owner's key to go with its lease.
+
+use super::keys::{pad, parse_fence};
+use super::{Cluster, ClusterError, call};
+use crate::fence::store::now_ms;
+use etcd_client::{
+    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A replica's hold on one resource: the epoch of its owner key and the
+/// lease generation the key was put under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tenure {
+    pub epoch: i64,
+    generation: u64,
+}
+
+/// What a take found.
+pub enum Take {
+    /// This replica owns the resource now. `after_death`: the previous
+    /// owner's lease expired while it owned it.
+    Mine {
+        tenure: Tenure,
+        highest: Option<u64>,
+        after_death: bool,
+    },
+    /// Another replica owns it: its name, and its epoch.
+    Theirs(String, i64),
+    /// This replica's own key is still there, on its way out (a release
+    /// in flight): ask again shortly.
+    Leaving,
+    /// This replica's own key, put under a lease it gave up on (etcd
+    /// unreachable for a while), with that epoch: it goes when its lease
+    /// expires, or when this replica, knowing it has nothing in flight
+    /// there, releases it.
+    Stale(i64),
+}
+
+/// What an owner's raise found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum OwnedRaise {
+    /// The fence is at the token now (put by this raise or already there).
+    At,
+    /// The fence is above the token.
+    Above(u64),
+    /// The owner key is not this tenure's any more.
+    Lost,
+}
+
+/// A raise made at a replica that does not own the resource.
+pub struct UnownedRaise {
+    pub highest: u64,
+    pub raised: bool,
+    /// The owner then (replica, epoch), and the raise's revision.
+    pub owner: Option<(String, i64)>,
+    pub revision: i64,
+}
+
+/// The gets of a transaction's branch, nested transactions followed.
+fn gets(resp: &TxnResponse) -> (bool, Vec<Option<KeyValue>>) {
+    let mut out = Vec::new();
+    let mut ok = resp.succeeded();
+    for op in resp.op_responses() {
+        match op {
+            TxnOpResponse::Get(g) => out.push(g.kvs().first().cloned()),
+            TxnOpResponse::Txn(t) => {
+                let (inner, more) = gets(&t);
+                ok = ok || inner;
+                out.extend(more);
+            }
+            _ => {}
+        }
+    }
+    (ok, out)
+}
+
+fn fence_of(kv: &Option<KeyValue>) -> Option<u64> {
+    kv.as_ref()
+        .and_then(|kv| parse_fence(kv.value()))
+        .map(|(t, _)| t)
+}
+
+/// Puts `token` as `fence` when it is missing or below, else runs `other`.
+fn raise_or(fence: &str, token: u64, guard: Option<Compare>, other: Vec<TxnOp>) -> Txn {
+    let put = TxnOp::put(fence, format!("{} {}", pad(token.into()), now_ms()), None);
+    let when = |c: Compare| guard.iter().cloned().chain([c]).collect::<Vec<_>>();
+    let below = Txn::new()
+        .when(when(Compare::value(
+            fence,
+            CompareOp::Less,
+            pad(token.into()),
+        )))
+        .and_then([put.clone()])
+        .or_else(other);
+    Txn::new()
+        .when(when(Compare::create_revision(fence, CompareOp::Equal, 0)))
+        .and_then([put])
+        .or_else([TxnOp::txn(below)])
+}
+
+impl Cluster {
+    /// Whether `tenure` still stands: its lease is the current one and
+    /// surely alive.
+    pub fn holds(&self, tenure: &Tenure) -> bool {
+        self.lease.fresh(tenure.generation)
+    }
+
+    /// How long a new owner waits after its predecessor's lease expired.
+    pub fn expired_hold(&self) -> Duration {
+        self.expired_hold
+    }
+
+    pub fn replica_name(&self) -> &str {
+        &self.replica
+    }
+
+    /// Takes `resource` if nobody owns it ([`Take`]).
+    pub async fn take(&self, resource: &str, leaving: bool) -> Result<Take, ClusterError> {
+        let (lease, generation) = self.lease.current().ok_or(ClusterError::NoLease)?;
+        let owner = self.keys.owner(resource);
+        let owned = self.keys.owned(resource);
+        let fence = self.keys.fence(resource);
+        let mine = PutOptions::new().with_lease(lease);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                owner.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::get(owned.as_str(), None),
+                TxnOp::get(fence.as_str(), None),
+                TxnOp::put(owner.as_str(), self.replica.as_str(), Some(mine)),
+                TxnOp::put(owned, self.replica.as_str(), None),
+            ])
+            .or_else([TxnOp::get(owner, None), TxnOp::get(fence, None)]);
+        let mut kv = self.client.kv_client();
+        let resp = call("take", kv.txn(txn)).await?;
+        let (took, got) = gets(&resp);
+        if took {
+            let epoch = resp.header().map(|h| h.revision()).unwrap_or_default();
+            return Ok(Take::Mine {
+                tenure: Tenure { epoch, generation },
+                highest: fence_of(&got[1]),
+                after_death: got[0].is_some(),
+            });
+        }
+        let holder = got[0].as_ref().ok_or(ClusterError::Etcd(
+            "owner key vanished inside a transaction".into(),
+        ))?;
+        if holder.value() != self.replica.as_bytes() {
+            return Ok(Take::Theirs(
+                String::from_utf8_lossy(holder.value()).into_owned(),
+                holder.create_revision(),
+            ));
+        }
+        // Ours: a take whose answer was lost, under the lease held now, is
+        // adopted (nobody else can have it); a key of an older lease, or
+        // one being released, must go first.
+        if leaving {
+            return Ok(Take::Leaving);
+        }
+        if holder.lease() != lease {
+            return Ok(Take::Stale(holder.create_revision()));
+        }
+        Ok(Take::Mine {
+            tenure: Tenure {
+                epoch: holder.create_revision(),
+                generation,
+            },
+            highest: fence_of(&got[1]),
+            after_death: true,
+        })
+    }
+
+    /// The owner's raise of `resource` to `token`, guarded by its epoch.
+    pub async fn raise_owned(
+        &self,
+        resource: &str,
+        token: u64,
+        tenure: Tenure,
+        deadline: Instant,
+    ) -> Result<OwnedRaise, ClusterError> {
+        let owner = self.keys.owner(resource);
+        let fence = self.keys.fence(resource);
+        let guard = Compare::create_revision(owner.as_str(), CompareOp::Equal, tenure.epoch);
+        let read = vec![TxnOp::get(owner, None), TxnOp::get(fence.as_str(), None)];
+        let txn = raise_or(&fence, token, Some(guard), read);
+        let resp = self.retrying("raise", deadline, || txn.clone()).await?;
+        let (raised, got) = gets(&resp);
+        if raised {
+            return Ok(OwnedRaise::At);
+        }
+        let ours = got[0]
+            .as_ref()
+            .is_some_and(|kv| kv.create_revision() == tenure.epoch);
+        Ok(match fence_of(&got[1]) {
+            _ if !ours => OwnedRaise::Lost,
+            Some(h) if h > token => OwnedRaise::Above(h),
+            _ => OwnedRaise::At,
+        })
+    }
+
+    /// A raise at a replica that does not own `resource`: put when above
+    /// the fence, and the owner read in the same transaction.
+    pub async fn raise_unowned(
+        &self,
+        resource: &str,
+        token: u64,
+        deadline: Instant,
+    ) -> Result<UnownedRaise, ClusterError> {
+        let owner = self.keys.owner(resource);
+        let fence = self.keys.fence(resource);
+        let read = vec![TxnOp::get(fence.as_str(), None)];
+        let raise = raise_or(&fence, token, None, read);
+        let txn = Txn::new()
+            .when([])
+            .and_then([TxnOp::get(owner, None), TxnOp::txn(raise)]);
+        let resp = self.retrying("raise", deadline, || txn.clone()).await?;
+        let (_, got) = gets(&resp);
+        let raised = match resp.op_responses().pop() {
+            Some(TxnOpResponse::Txn(t)) => gets(&t).0,
+            _ => return Err(ClusterError::Etcd("raise answer has no branch".into())),
+        };
+        let fence = got.get(1).and_then(|kv| kv.as_ref());
+        // What the owner must have applied: this raise, or the one that
+        // put the fence where it is.
+        let revision = match fence {
+            Some(kv) => kv.mod_revision(),
+            None => resp.header().map(|h| h.revision()).unwrap_or_default(),
+        };
+        let highest = fence
+            .and_then(|kv| parse_fence(kv.value()))
+            .map_or(token, |(h, _)| h.max(token));
+        Ok(UnownedRaise {
+            highest,
+            raised,
+            owner: got[0].as_ref().map(|kv| {
+                let name = String::from_utf8_lossy(kv.value()).into_owned();
+                (name, kv.create_revision())
+            }),
+            revision,
+        })
+    }
+
+    /// Waits until `owner` (at `epoch`) has applied everything up to
+    /// `revision`, or no longer owns `resource`.
+    pub async fn wait_acknowledged(
+        &self,
+        resource: &str,
+        (owner, epoch): (&str, i64),
+        revision: i64,
+        deadline: Instant,
+    ) -> Result<(), ClusterError> {
+        let txn = Txn::new().when([]).and_then([
+            TxnOp::get(self.keys.seen(owner), None),
+            TxnOp::get(self.keys.owner(resource), None),
+        ]);
+        loop {
+            let resp = self
+                .retrying("acknowledged", deadline, || txn.clone())
+                .await?;
+            let (_, got) = gets(&resp);
+            let seen = got[0]
+                .as_ref()
+                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<i64>().ok());
+            let still = got[1]
+                .as_ref()
+                .is_some_and(|kv| kv.create_revision() == epoch);
+            // An owner that took the resource after the raise read it then.
+            if !still || epoch > revision || seen.is_some_and(|s| s >= revision) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Etcd(format!(
+                    "replica {owner}, which owns {resource}, did not acknowledge the raise in time"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Lets `resource` go, if `epoch` is still its owner's.
+    pub async fn release(&self, resource: &str, epoch: i64) -> Result<(), ClusterError> {
+        let owner = self.keys.owner(resource);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                owner.as_str(),
+                CompareOp::Equal,
+                epoch,
+            )])
+            .and_then([
+                TxnOp::delete(owner, None),
+                TxnOp::delete(self.keys.owned(resource), None),
+            ]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        self.retrying("release", deadline, || txn.clone()).await?;
+        Ok(())
+    }
+
+    /// Says this replica has applied every raise up to `revision`.
+    pub async fn acknowledge(&self, revision: i64) -> Result<(), ClusterError> {
+        let (lease, _) = self.lease.current().ok_or(ClusterError::NoLease)?;
+        let opts = PutOptions::new().with_lease(lease);
+        let mut kv = self.client.kv_client();
+        let put = kv.put(
+            self.keys.seen(&self.replica),
+            revision.to_string(),
+            Some(opts),
+        );
+        call("acknowledge", put).await?;
+        Ok(())
+    }
+
+    /// The revision etcd is at now.
+    pub async fn revision(&self) -> Result<i64, ClusterError> {
+        let mut kv = self.client.kv_client();
+        let resp = call("get", kv.get(self.keys.seen(&self.replica), None)).await?;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
+    }
+
+    /// One transaction, tried again on failure until `deadline` (every
+    /// one of them may be applied twice).
+    async fn retrying(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        txn: impl Fn() -> Txn,
+    ) -> Result<TxnResponse, ClusterError> {
+        loop {
+            let mut kv = self.client.kv_client();
+            match call(what, kv.txn(txn())).await {
+                Ok(r) => return Ok(r),
+                Err(e) if Instant::now() + Duration::from_millis(100) >= deadline => return Err(e),
+                Err(e) => tracing::debug!("{what} failed, retrying: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Where the other replicas are: each puts the URL of its S3 listener at
+//! `replicas/<replica>` under its lease, and a replica that does not own a
+//! resource looks its owner up there to forward the request
+//! (`proxy/to_owner.rs`). A watch of those keys tells when a replica's
+//! lease has ended ([`Cluster::gone`]): a request forwarded to it then is
+//! given up, since the replica can no longer admit it.
+
+use super::{Cluster, ClusterError, call};
+use etcd_client::{EventType, PutOptions, WatchOptions};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Cluster {
+    /// Puts `url` at `replicas/<this replica>` under every lease this
+    /// replica holds, for as long as the process runs.
+    pub fn advertise(self: &Arc<Self>, url: String) {
+        let cluster = self.clone();
+        tokio::spawn(async move {
+            let mut put_under = 0;
+            loop {
+                if let Some((lease, generation)) = cluster.lease.current()
+                    && generation != put_under
+                {
+                    let opts = PutOptions::new().with_lease(lease);
+                    let key = cluster.keys.replica(&cluster.replica);
+                    let mut kv = cluster.client.kv_client();
+                    match call("advertise", kv.put(key, url.as_str(), Some(opts))).await {
+                        Ok(_) => put_under = generation,
+                        Err(e) => tracing::debug!("cluster: advertising {url}: {e}"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+
+    /// The URL of `replica`'s S3 listener, cached; `None` when its lease
+    /// is gone.
+    pub async fn address_of(&self, replica: &str) -> Result<Option<String>, ClusterError> {
+        if let Some(url) = self.addresses.get(replica) {
+            return Ok(Some(url.clone()));
+        }
+        let mut kv = self.client.kv_client();
+        let resp = call("get", kv.get(self.keys.replica(replica), None)).await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let url = String::from_utf8_lossy(kv.value()).into_owned();
+        self.addresses.insert(replica.to_string(), url.clone());
+        Ok(Some(url))
+    }
+
+    /// Forgets where `replica` is (it did not answer there).
+    pub fn forget_address(&self, replica: &str) {
+        self.addresses.remove(replica);
+    }
+
+    /// Whether `replica`'s lease has ended.
+    pub fn is_departed(&self, replica: &str) -> bool {
+        self.departed.contains_key(replica)
+    }
+
+    /// Resolves once `replica`'s lease has ended (seen by the watch of
+    /// `replicas/`).
+    pub async fn gone(&self, replica: &str) {
+        let mut changed = self.departures.subscribe();
+        while !self.departed.contains_key(replica) {
+            if changed.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Follows `replicas/` for as long as the process runs: a deleted key
+    /// is a replica whose lease ended (replica names are never reused).
+    pub(super) async fn follow_replicas(self: Arc<Self>) {
+        let all = self.keys.replica("");
+        let mut next: Option<i64> = None;
+        loop {
+            let mut opts = WatchOptions::new().with_prefix();
+            if let Some(rev) = next {
+                opts = opts.with_start_revision(rev);
+            }
+            let mut w = self.client.watch_client();
+            if let Ok(mut stream) = call("watch", w.watch(all.clone(), Some(opts))).await {
+                while let Ok(Some(resp)) = stream.message().await {
+                    if resp.canceled() {
+                        next = None;
+                        break;
+                    }
+                    next = resp.header().map(|h| h.revision() + 1).or(next);
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
+                        self.addresses.remove(&name);
+                        if ev.event_type() == EventType::Delete {
+                            self.departed.insert(name, ());
+                            self.departures.send_modify(|n| *n += 1);
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The gate in cluster mode with owners (`fence::cluster::owners`): the
+//! replica that owns a resource admits it with the single-node steps
+//! (check, raise, barrier in its slot), its raises put in etcd under its
+//! epoch; a resource owned elsewhere is refused as [`Refusal::Elsewhere`],
+//! for the proxy to forward. Raises not made by a write (the admin API,
+//! eager fencing) at a replica that does not own the resource go to etcd
+//! and wait for the owner's acknowledgement.
+//!
+//! A tenure stands while the replica's lease is fresh. Idle resources are
+//! let go (a sweep every [`IDLE_SWEEP`]), as are evicted ones, so that
+//! ownership stays bounded like the slots, and a replica that dies leaves
+//! few resources waiting for its quarantine.
+
+use super::{Gate, Kind, Owner, Permit, Refusal, Slot};
+use crate::fence::cluster::{Cluster, OwnedRaise, Seen, Take, Tenure};
+use crate::metric_names as m;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A resource not admitted for this long (at most twice) is let go.
+pub const IDLE_SWEEP: Duration = Duration::from_secs(5);
+
+/// This replica's ownership of a slot's resource.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Owned {
+    pub tenure: Tenure,
+    /// After a predecessor died owning it: nothing is admitted before
+    /// this (the rest of its quarantine).
+    pub ready_at: Option<Instant>,
+    /// Admitted since the last idle sweep.
+    pub touched: bool,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Refusal {
+    Refusal::Unavailable(e.to_string())
+}
+
+impl Gate {
+    /// Admission by the owner; the resource taken first if nobody owns it.
+    pub(super) async fn admit_owned(
+        &self,
+        c: &Arc<Cluster>,
+        resource: &str,
+        token: u64,
+        kind: Kind,
+    ) -> Result<Option<Permit>, Refusal> {
+        let deadline = Instant::now() + self.wait_bound;
+        loop {
+            let (slot, tenure) = self.own(c, resource, deadline).await?;
+            let owner = Some((c, tenure));
+            let admitted = match self.raise_slot(&slot, resource, token, owner).await {
+                Ok(_) => self.barrier(&slot, token, kind, owner).await,
+                Err(e) => Err(e),
+            };
+            match admitted {
+                Err(Refusal::Moved) if Instant::now() < deadline => {
+                    slot.lock().owned = None;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Forgets which replica owns `resource` (a request forwarded there
+    /// was not admitted, or it did not answer): the next request asks etcd.
+    pub fn forget_owner(&self, resource: &str) {
+        if let Some(slot) = self.slots.get(resource) {
+            slot.lock().elsewhere = None;
+        }
+    }
+
+    /// The epoch of this replica's standing ownership of `resource`.
+    pub fn owner_epoch(&self, resource: &str) -> Option<i64> {
+        let c = self.cluster.as_ref()?;
+        let slot = self.slots.get(resource)?.clone();
+        self.owned_here(c, &slot).map(|o| o.tenure.epoch)
+    }
+
+    /// This replica's standing ownership of `slot`, if any.
+    fn owned_here(&self, c: &Cluster, slot: &Slot) -> Option<Owned> {
+        let mut st = slot.lock();
+        match st.owned {
+            Some(o) if c.holds(&o.tenure) => Some(o),
+            Some(_) => {
+                st.owned = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The slot of `resource`, owned here: taken if nobody owns it, and
+    /// ready (its predecessor's quarantine over).
+    async fn own(
+        &self,
+        c: &Arc<Cluster>,
+        resource: &str,
+        deadline: Instant,
+    ) -> Result<(Arc<Slot>, Tenure), Refusal> {
+        let slot = self.cached_slot(resource);
+        loop {
+            if let Some(o) = self.owned_here(c, &slot) {
+                match o.ready_at {
+                    Some(at) if at > Instant::now() => {
+                        tokio::time::sleep_until(at.min(deadline)).await;
+                        if at > deadline {
+                            return Err(Refusal::Busy);
+                        }
+                        continue;
+                    }
+                    _ => return Ok((slot, o.tenure)),
+                }
+            }
+            // The owner seen last, while its lease stands: no etcd.
+            let seen = slot.lock().elsewhere.clone();
+            if let Some((replica, epoch)) = seen
+                && !c.is_departed(&replica)
+            {
+                return Err(Refusal::Elsewhere(replica, epoch));
+            }
+            let guard = slot.raising.lock().await;
+            if self.owned_here(c, &slot).is_some() {
+                continue;
+            }
+            let leaving = self.releasing.contains_key(resource);
+            match c.take(resource, leaving).await.map_err(unavailable)? {
+                Take::Mine {
+                    tenure,
+                    highest,
+                    after_death,
+                } => {
+                    metrics::counter!(m::CLUSTER_TAKES).increment(1);
+                    let mut st = slot.lock();
+                    st.highest = st.highest.max(highest);
+                    st.loaded = true;
+                    st.elsewhere = None;
+                    st.owned = Some(Owned {
+                        tenure,
+                        ready_at: after_death.then(|| Instant::now() + c.expired_hold()),
+                        touched: true,
+                    });
+                }
+                Take::Theirs(replica, epoch) => {
+                    slot.lock().elsewhere = Some((replica.clone(), epoch));
+                    return Err(Refusal::Elsewhere(replica, epoch));
+                }
+                // Nothing of this replica's in flight there: no write of
+                // the old tenure can land any more.
+                Take::Stale(epoch) if slot.lock().inflight.is_empty() => {
+                    c.release(resource, epoch).await.map_err(unavailable)?;
+                }
+                Take::Stale(_) | Take::Leaving => {
+                    drop(guard);
+                    if Instant::now() >= deadline {
+                        return Err(Refusal::Busy);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// The owner's durable raise ([`Gate::raise_slot`]): the fence it
+    /// recorded, or [`Refusal::Moved`] when its tenure is over.
+    pub(super) async fn raise_owned(
+        &self,
+        slot: &Slot,
+        resource: &str,
+        token: u64,
+        (c, tenure): Owner<'_>,
+    ) -> Result<u64, Refusal> {
+        let deadline = Instant::now() + self.wait_bound;
+        match c.raise_owned(resource, token, tenure, deadline).await {
+            Err(e) => Err(unavailable(e)),
+            Ok(OwnedRaise::At) => Ok(token),
+            Ok(OwnedRaise::Above(h)) => Ok(h),
+            Ok(OwnedRaise::Lost) => {
+                slot.lock().owned = None;
+                Err(Refusal::Moved)
+            }
+        }
+    }
+
+    /// A raise not made by a write: by the owner if that is this replica;
+    /// else in etcd, acknowledged by the owner before it is done.
+    pub(super) async fn raise_anywhere(
+        &self,
+        c: &Arc<Cluster>,
+        resource: &str,
+        token: u64,
+    ) -> Result<(u64, bool), Refusal> {
+        let deadline = Instant::now() + self.wait_bound;
+        let slot = self.cached_slot(resource);
+        if let Some(o) = self.owned_here(c, &slot) {
+            match self
+                .raise_slot(&slot, resource, token, Some((c, o.tenure)))
+                .await
+            {
+                Err(Refusal::Moved) => {}
+                other => return other,
+            }
+        }
+        let r = c
+            .raise_unowned(resource, token, deadline)
+            .await
+            .map_err(unavailable)?;
+        self.note_raise(&slot, r.highest);
+        if r.highest > token {
+            return Err(Refusal::Stale {
+                token,
+                highest: r.highest,
+            });
+        }
+        if r.raised {
+            metrics::counter!(m::RAISES).increment(1);
+        }
+        if let Some((owner, epoch)) = &r.owner {
+            c.wait_acknowledged(resource, (owner, *epoch), r.revision, deadline)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok((r.highest, r.raised))
+    }
+
+    /// Deletes this replica's ownership of `resource` in etcd (marked in
+    /// `releasing` by the caller until it is done).
+    pub(super) fn let_go(&self, resource: String, epoch: i64) {
+        let (Some(c), releasing) = (self.cluster.clone(), self.releasing.clone()) else {
+            return;
+        };
+        releasing.insert(resource.clone(), ());
+        tokio::spawn(async move {
+            if let Err(e) = c.release(&resource, epoch).await {
+                tracing::warn!("cluster: letting {resource} go: {e}");
+            }
+            releasing.remove(&resource);
+        });
+    }
+
+    /// Lets go of the resources not admitted since the last sweep and
+    /// idle now.
+    fn release_idle(&self) {
+        let mut idle = Vec::new();
+        self.slots.retain(|r, s| {
+            let mut st = s.lock();
+            let Some(o) = st.owned.as_mut() else {
+                return true;
+            };
+            if std::mem::take(&mut o.touched) || Arc::strong_count(s) > 1 {
+                return true;
+            }
+            self.releasing.insert(r.clone(), ());
+            idle.push((r.clone(), o.tenure.epoch));
+            false
+        });
+        for (r, epoch) in idle {
+            self.let_go(r, epoch);
+        }
+    }
+
+    /// Lets go of every resource owned here (at shutdown).
+    pub async fn release_all(&self) {
+        let Some(c) = &self.cluster else { return };
+        let owned: Vec<(String, i64)> = self
+            .slots
+            .iter()
+            .filter_map(|s| Some((s.key().clone(), s.value().lock().owned?.tenure.epoch)))
+            .collect();
+        for (r, epoch) in owned {
+            if let Err(e) = c.release(&r, epoch).await {
+                tracing::warn!("cluster: letting {r} go at shutdown: {e}");
+            }
+        }
+    }
+
+    /// Cluster mode with owners: follows raises made anywhere (aborting
+    /// lower writes here and acknowledging those of resources owned here),
+    /// and lets idle resources go, for as long as the gate lives.
+    pub(super) fn follow_as_owner(self: &Arc<Self>, c: Arc<Cluster>) {
+        let gate = Arc::downgrade(self);
+        let owned_raise = AtomicBool::new(false);
+        let (acks, mut acked) = tokio::sync::watch::channel(0i64);
+        let acks = Arc::new(acks);
+        let acker = c.clone();
+        tokio::spawn(async move {
+            while acked.changed().await.is_ok() {
+                let revision = *acked.borrow_and_update();
+                if let Err(e) = acker.acknowledge(revision).await {
+                    tracing::debug!("cluster: acknowledging raises: {e}");
+                }
+            }
+        });
+        let follower = gate.clone();
+        tokio::spawn(c.clone().follow_raises(move |seen| {
+            let Some(gate) = follower.upgrade() else {
+                return;
+            };
+            match seen {
+                Seen::Raised(resource, token) => {
+                    if let Some(slot) = gate.slots.get(resource).map(|s| s.clone()) {
+                        gate.note_raise(&slot, token);
+                        if slot.lock().owned.is_some() {
+                            owned_raise.store(true, Ordering::SeqCst);
+                        }
+                    }
+                }
+                Seen::Through(revision) => {
+                    if owned_raise.swap(false, Ordering::SeqCst) {
+                        acks.send_replace(revision);
+                    }
+                }
+                Seen::Gap => {
+                    let acks = acks.clone();
+                    tokio::spawn(async move {
+                        let Ok(revision) = gate.cluster.as_ref().expect("cluster").revision().await
+                        else {
+                            return;
+                        };
+                        gate.reread_busy_fences().await;
+                        acks.send_replace(revision);
+                    });
+                }
+            }
+        }));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE_SWEEP).await;
+                let Some(gate) = gate.upgrade() else { return };
+                gate.release_idle();
+            }
+        });
+    }
+}

@@ -1,0 +1,206 @@
+//! Cluster mode with owners: a request for a resource that another replica
+//! owns is sent there, as it came (method, URI, headers with the Host and
+//! the signature, body streamed), and the owner's answer streamed back.
+//! The owner authenticates and fences it as any request.
+//!
+//! A forwarded request carries [`FORWARDED`]: the forwarder's name and the
+//! owner's epoch it saw. A replica that gets one for a resource it does
+//! not own at that epoch (ownership moved meanwhile) answers `503
+//! SlowDown` rather than admit or forward it, so a request never loops,
+//! and a request given up by its forwarder is never admitted later by a
+//! new tenure of the same replica.
+//!
+//! An owner that cannot be reached (it died, and its lease has not run out
+//! yet) is tried again until `admission_wait_ms`: by then its lease has
+//! usually gone, and the resource is taken here. An owner that stops
+//! answering (paused) while it holds a forwarded request: the request is
+//! answered `503 SlowDown` when the owner's lease ends (it can no longer
+//! admit it), and the client's retry goes to the next owner.
+
+use super::{Fenced, Proxy, RequestCtx};
+use crate::body::ProxyBody;
+use crate::metric_names as m;
+use crate::s3::error::S3Error;
+use crate::s3::op::Operation;
+use crate::upstream::pool::Pool;
+use dashmap::DashMap;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The header a request forwarded by a replica carries (its name).
+pub const FORWARDED: &str = "x-fencegate-forwarded";
+
+/// Connections to the other replicas, one pool per URL.
+pub struct Peers {
+    tls: rustls::ClientConfig,
+    pools: DashMap<String, Arc<Pool>>,
+}
+
+impl Peers {
+    pub fn new(ca: Option<&std::path::Path>) -> Result<Peers, String> {
+        Ok(Peers {
+            tls: crate::tls::client_config(ca)?,
+            pools: DashMap::new(),
+        })
+    }
+
+    fn pool(&self, url: &str) -> Result<Arc<Pool>, S3Error> {
+        if let Some(p) = self.pools.get(url) {
+            return Ok(p.clone());
+        }
+        let uri = url
+            .parse()
+            .map_err(|e| S3Error::Internal(format!("replica address {url:?}: {e}")))?;
+        let pool = Arc::new(Pool::new(self.tls.clone(), uri, Duration::from_secs(30)));
+        Ok(self.pools.entry(url.to_string()).or_insert(pool).clone())
+    }
+}
+
+/// What became of a request sent towards its owner.
+pub(super) enum Sent {
+    Answered(Response<ProxyBody>),
+    /// The owner could not be reached; the body is still here.
+    Unreached(Incoming),
+}
+
+impl Proxy {
+    /// Phase 6 for a resource owned by another replica: the request goes
+    /// there. `Err`: this replica took the resource meanwhile (its owner
+    /// gone), and admitted the request here.
+    pub(super) async fn owned_elsewhere(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        mut body: Incoming,
+        mut fenced: Fenced,
+        op: &Operation,
+        unconditional: bool,
+    ) -> Result<Result<Response<ProxyBody>, (Fenced, Incoming)>, S3Error> {
+        let deadline = Instant::now() + self.gate.wait_bound();
+        loop {
+            let Some(owner) = fenced.owner.take() else {
+                return Ok(Err((fenced, body)));
+            };
+            match self.to_owner(ctx, head, body, owner, deadline).await? {
+                Sent::Answered(resp) => return Ok(Ok(resp)),
+                Sent::Unreached(b) => body = b,
+            }
+            let token = ctx.token;
+            fenced = self.fence(ctx, op, token, unconditional).await?;
+        }
+    }
+
+    /// Sends the request to `owner`, which owns its resource.
+    pub(super) async fn to_owner(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        body: Incoming,
+        (owner, epoch): (String, i64),
+        deadline: Instant,
+    ) -> Result<Sent, S3Error> {
+        let owner = owner.as_str();
+        let resource = ctx.resource.clone().unwrap_or_default();
+        if ctx.forwarded.is_some() {
+            return Err(moved(&resource));
+        }
+        let (Some(c), Some(peers)) = (self.gate.cluster(), &self.peers) else {
+            return Err(S3Error::Internal("forwarding outside cluster mode".into()));
+        };
+        let unreached = |why: String| {
+            S3Error::SlowDown(format!(
+                "{resource} is owned by replica {owner}, which cannot be reached: {why}"
+            ))
+        };
+        let url = c
+            .address_of(owner)
+            .await
+            .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?;
+        let Some(url) = url else {
+            // Its lease is gone, or going: the resource is free soon.
+            return pause(body, deadline, || unreached("its lease has ended".into())).await;
+        };
+        let pool = peers.pool(&url)?;
+        let mut body = Some(body);
+        let build = || {
+            let mut headers = head.headers.clone();
+            let me = format!("{} {epoch}", c.replica_name());
+            let me = HeaderValue::from_str(&me).expect("hex name and digits");
+            headers.insert(FORWARDED, me);
+            let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
+            let incoming = body.take().expect("built once");
+            let mut req = Request::new(
+                incoming
+                    .map_err(|e| {
+                        tracing::debug!("forwarded request body: {e}");
+                        S3Error::IncompleteBody
+                    })
+                    .boxed_unsync(),
+            );
+            *req.method_mut() = head.method.clone();
+            *req.uri_mut() = path.parse().expect("a path and query that parsed before");
+            *req.headers_mut() = headers;
+            req
+        };
+        let sent = tokio::select! {
+            sent = pool.send_when_connected(build) => sent,
+            () = c.gone(owner) => return Err(S3Error::SlowDown(format!(
+                "replica {owner}, which owned {resource}, stopped answering and its lease \
+                 ended: it cannot admit this request any more"
+            ))),
+        };
+        match sent {
+            Ok(resp) => {
+                metrics::counter!(m::CLUSTER_FORWARDED).increment(1);
+                if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+                    self.gate.forget_owner(&resource);
+                }
+                ctx.decision = "forwarded_to_owner";
+                Ok(Sent::Answered(resp.map(|b| b.map_err(Into::into).boxed())))
+            }
+            Err((e, false)) => {
+                c.forget_address(owner);
+                self.gate.forget_owner(&resource);
+                let body = body.take().expect("not built");
+                pause(body, deadline, || unreached(e.to_string())).await
+            }
+            Err((e, true)) => Err(S3Error::BadGateway(format!(
+                "replica {owner}, which owns {resource}: {e}"
+            ))),
+        }
+    }
+}
+
+/// The epoch a forwarded request was sent under, from [`FORWARDED`].
+pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
+    let v = headers.get(FORWARDED)?.to_str().ok()?;
+    // A header that does not parse never matches an epoch.
+    Some(v.rsplit(' ').next()?.parse().unwrap_or(-1))
+}
+
+/// The answer to a forwarded request whose resource is not owned here at
+/// the epoch its forwarder saw.
+pub(super) fn moved(resource: &str) -> S3Error {
+    S3Error::SlowDown(format!(
+        "{resource} moved to another replica while this request was forwarded"
+    ))
+}
+
+/// Waits a little before the caller tries again, or gives up at
+/// `deadline` with `error`.
+async fn pause(
+    body: Incoming,
+    deadline: Instant,
+    error: impl FnOnce() -> S3Error,
+) -> Result<Sent, S3Error> {
+    if Instant::now() >= deadline {
+        return Err(error());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(Sent::Unreached(body))
+}

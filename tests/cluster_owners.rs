@@ -1,0 +1,299 @@
+//! Cluster mode with owners (docs/cluster.md, "Owners"): a resource is
+//! admitted by the one replica that owns it, with nothing asked of etcd
+//! while its token stays the highest; the other replicas forward its
+//! requests there. What ownership adds, tested on a real 3-member etcd:
+//!
+//! - the steady state costs etcd nothing, and forwarded writes are fenced
+//!   as local ones;
+//! - a forwarded request is admitted only by the tenure it was sent to;
+//! - writes streaming through every replica while the owner is killed stay
+//!   in token order at the backend;
+//! - a burst of raises at replicas that do not own the resource, while its
+//!   owner dies and the resource moves, each refuses lower tokens at once;
+//! - a raise at a replica that does not own the resource is answered only
+//!   once the owner has applied it, however late the owner hears of it.
+//!
+//! The owner killed, paused past its lease, or cut off from etcd with a
+//! write admitted locally are `tests/cluster.rs`'s tests: the first write
+//! of a resource makes its replica the owner, so those writes are.
+
+mod common;
+
+use common::backend::{Event, TestBackend};
+use common::etcd::EtcdCluster;
+use common::http_call;
+use common::raw::{RawClient, RawRequest, RawResponse};
+use common::replicas::{ADMIN, NO_HOLD, TTL_MS, replica_with, replicas};
+use std::sync::Arc;
+
+/// The value of `name` (with its labels) in `replica`'s metrics.
+async fn metric(fg: &common::fencegate::Fencegate, name: &str) -> f64 {
+    let (_, text) = http_call("GET", &format!("http://{}/metrics", fg.admin), None, None).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// etcd requests `replica` made on a write's behalf (not its lease, its
+/// watches or its sweep).
+async fn etcd_per_write(fg: &common::fencegate::Fencegate) -> f64 {
+    let mut n = 0.0;
+    for op in ["admit", "take", "raise", "hold", "get", "acknowledged"] {
+        let name = format!("fencegate_etcd_requests_total{{op=\"{op}\"}}");
+        n += metric(fg, &name).await;
+    }
+    n
+}
+
+/// Sends what `req` makes, again after a 503 (up to five times), as S3
+/// clients do.
+async fn send_retrying(raw: &RawClient, req: impl Fn() -> RawRequest) -> RawResponse {
+    let mut r = raw.send(req()).await.unwrap();
+    for _ in 0..5 {
+        if r.status != 503 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        r = raw.send(req()).await.unwrap();
+    }
+    r
+}
+
+#[tokio::test]
+async fn the_owner_admits_without_etcd_and_the_others_forward_to_it() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 3);
+    let c: Vec<_> = fg.iter().map(|f| RawClient::new(&f.endpoint())).collect();
+    let put = |t: u64| RawRequest::put("/demo/k", format!("v{t}")).token(t);
+
+    // The first write makes A the owner (a take and a raise); B and C
+    // learn where it is at their first forward (a take and a lookup).
+    for raw in &c {
+        assert_eq!(raw.send(put(10)).await.unwrap().status, 200);
+    }
+    let before: Vec<f64> = futures_util::future::join_all(fg.iter().map(etcd_per_write)).await;
+    for i in 0..30 {
+        let r = c[i % 3].send(put(10)).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let after: Vec<f64> = futures_util::future::join_all(fg.iter().map(etcd_per_write)).await;
+    let asked: f64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
+    assert_eq!(
+        asked, 0.0,
+        "30 writes at the highest token asked etcd {asked} times"
+    );
+    let forwarded = metric(&fg[1], "fencegate_cluster_forwarded_total").await
+        + metric(&fg[2], "fencegate_cluster_forwarded_total").await;
+    assert_eq!(forwarded, 22.0);
+
+    // Forwarded writes are fenced by the owner like its own.
+    let stale = c[2].send(put(9)).await.unwrap();
+    assert_eq!(
+        (stale.status, stale.code()),
+        (409, Some("StaleFencingToken"))
+    );
+    assert_eq!(c[1].send(put(11)).await.unwrap().status, 200);
+    assert_eq!(c[0].send(put(10)).await.unwrap().status, 409);
+    assert_eq!(be.object("demo", "k").unwrap(), "v11");
+    // A token-carrying read goes to the owner too, and raises there.
+    let read = RawRequest::new(http::Method::GET, "/demo/k").token(12);
+    assert_eq!(c[2].send(read).await.unwrap().status, 200);
+    assert_eq!(c[0].send(put(11)).await.unwrap().status, 409);
+}
+
+#[tokio::test]
+async fn a_forwarded_request_is_admitted_only_by_the_tenure_it_was_sent_to() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
+    let a = RawClient::new(&fg[0].endpoint());
+    let b = RawClient::new(&fg[1].endpoint());
+    assert_eq!(
+        a.send(RawRequest::put("/demo/k", "a").token(5))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    // As a replica would forward it after A's tenure ended: the owner
+    // (A) and a replica that does not own the resource (B) both refuse it.
+    let stamped = || {
+        RawRequest::put("/demo/k", "late")
+            .token(5)
+            .header("x-fencegate-forwarded", "0123456789abcdef 1")
+    };
+    for (who, raw) in [("the owner", &a), ("another replica", &b)] {
+        let r = raw.send(stamped()).await.unwrap();
+        assert_eq!(
+            (r.status, r.code()),
+            (503, Some("SlowDown")),
+            "{who}: {}",
+            r.body
+        );
+    }
+    assert_eq!(be.object("demo", "k").unwrap(), "a");
+    // Unstamped, the same write goes through either.
+    assert_eq!(
+        b.send(RawRequest::put("/demo/k", "b").token(5))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(be.object("demo", "k").unwrap(), "b");
+}
+
+/// Writes with rising tokens go through every replica in turn while the
+/// owner is killed: every write answered 200 reached the backend in token
+/// order, and the last one is what the backend keeps.
+#[tokio::test]
+async fn writes_stay_in_token_order_while_their_owner_is_killed() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let ep = etcd.endpoints_toml();
+    let mut fg: Vec<_> = (0..3)
+        .map(|_| replica_with(&backend, &ep, NO_HOLD, TTL_MS))
+        .collect();
+    let c: Vec<_> = fg
+        .iter()
+        .map(|f| Arc::new(RawClient::new(&f.endpoint())))
+        .collect();
+    assert_eq!(
+        c[0].send(RawRequest::put("/demo/k", "1").token(1))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    let writer = |via: Vec<Arc<RawClient>>| {
+        tokio::spawn(async move {
+            let mut ok = Vec::new();
+            for t in 2..40u64 {
+                let raw = &via[t as usize % via.len()];
+                let r = send_retrying(raw, || RawRequest::put("/demo/k", t.to_string()).token(t));
+                if r.await.status == 200 {
+                    ok.push(t);
+                }
+            }
+            ok
+        })
+    };
+    let streaming = writer(vec![c[1].clone(), c[2].clone()]);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    fg[0].kill9();
+    let ok = streaming.await.unwrap();
+    assert!(ok.len() > 20, "only {ok:?} went through");
+
+    let applied: Vec<u64> = be
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Responded { token: Some(t), .. } => Some(*t),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        applied.windows(2).all(|w| w[0] <= w[1]),
+        "applied out of token order: {applied:?}"
+    );
+    let last = ok.last().unwrap().to_string();
+    assert_eq!(be.object("demo", "k").unwrap(), last.as_bytes());
+}
+
+/// Raises by hand at replicas that do not own the resource, while its
+/// owner is killed and the resource moves: when a raise is answered, the
+/// token below it is refused at once, wherever it is sent.
+#[tokio::test]
+async fn a_burst_of_raises_while_ownership_moves_refuses_lower_tokens_at_once() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let ep = etcd.endpoints_toml();
+    let mut fg: Vec<_> = (0..3)
+        .map(|_| replica_with(&backend, &ep, NO_HOLD, TTL_MS))
+        .collect();
+    let c: Vec<_> = fg.iter().map(|f| RawClient::new(&f.endpoint())).collect();
+    assert_eq!(
+        c[0].send(RawRequest::put("/demo/k", "1").token(1))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    for t in 2..30u64 {
+        if t == 10 {
+            fg[0].kill9();
+        }
+        let (raiser, writer) = match t % 2 {
+            0 => (&fg[1], &c[2]),
+            _ => (&fg[2], &c[1]),
+        };
+        let url = format!("http://{}/fences/demo%2Fk", raiser.admin);
+        let body = format!("{{\"token\":{t}}}");
+        let mut answer = http_call("POST", &url, Some(ADMIN), Some(&body)).await;
+        for _ in 0..10 {
+            if answer.0 != 503 {
+                break;
+            }
+            answer = http_call("POST", &url, Some(ADMIN), Some(&body)).await;
+        }
+        assert_eq!(answer.0, 200, "raise to {t}: {}", answer.1);
+        let lower = || RawRequest::put("/demo/k", "lower").token(t - 1);
+        let r = send_retrying(writer, lower).await;
+        assert_eq!(
+            r.status,
+            409,
+            "token {} after the raise to {t}: {}",
+            t - 1,
+            r.body
+        );
+    }
+    assert_eq!(be.object("demo", "k").unwrap(), "1");
+}
+
+/// The owner hears from etcd late (its link to etcd delays every chunk):
+/// a raise made at another replica is answered only once the owner has
+/// applied it, so the owner refuses the lower token right after.
+#[tokio::test]
+async fn a_raise_elsewhere_is_answered_only_once_the_owner_applied_it() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let leader = etcd.leader();
+    let relay = common::relay::Relay::start(etcd.endpoint(leader).trim_start_matches("http://"));
+    let a = replica_with(&backend, &format!("[\"{}\"]", relay.url()), NO_HOLD, 5000);
+    let b = replica_with(&backend, &etcd.endpoints_toml(), NO_HOLD, 5000);
+    let ra = RawClient::new(&a.endpoint());
+    assert_eq!(
+        ra.send(RawRequest::put("/demo/k", "1").token(1))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    relay.delay(150);
+    let url = format!("http://{}/fences/demo%2Fk", b.admin);
+    for t in 2..6u64 {
+        let body = format!("{{\"token\":{t}}}");
+        let (s, answer) = http_call("POST", &url, Some(ADMIN), Some(&body)).await;
+        assert_eq!(s, 200, "raise to {t}: {answer}");
+        let r = ra
+            .send(RawRequest::put("/demo/k", "lower").token(t - 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            409,
+            "token {} at the owner after the raise to {t}: {}",
+            t - 1,
+            r.body
+        );
+    }
+    assert_eq!(be.object("demo", "k").unwrap(), "1");
+}
