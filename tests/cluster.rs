@@ -65,6 +65,7 @@ async fn send_retrying(raw: &RawClient, req: impl Fn() -> RawRequest) -> RawResp
         if r.status != 503 {
             break;
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
         r = raw.send(req()).await.unwrap();
     }
     r

@@ -11,7 +11,8 @@
 //! - a burst of raises at replicas that do not own the resource, while its
 //!   owner dies and the resource moves, each refuses lower tokens at once;
 //! - a raise at a replica that does not own the resource is answered only
-//!   once the owner has applied it, however late the owner hears of it.
+//!   once the owner has applied it, however late the owner hears of it;
+//! - a DeleteObjects goes to the owner of its keys' resources.
 //!
 //! The owner killed, paused past its lease, or cut off from etcd with a
 //! write admitted locally are `tests/cluster.rs`'s tests: the first write
@@ -296,4 +297,58 @@ async fn a_raise_elsewhere_is_answered_only_once_the_owner_applied_it() {
         );
     }
     assert_eq!(be.object("demo", "k").unwrap(), "1");
+}
+
+async fn delete_objects(
+    c: &aws_sdk_s3::Client,
+    keys: &[&str],
+    token: u64,
+) -> Result<usize, String> {
+    use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+    let objects = keys
+        .iter()
+        .map(|k| ObjectIdentifier::builder().key(*k).build().unwrap());
+    let delete = Delete::builder()
+        .set_objects(Some(objects.collect()))
+        .build()
+        .unwrap();
+    let req = c.delete_objects().bucket("demo").delete(delete).customize();
+    let req = req.mutate_request(move |r| {
+        r.headers_mut().insert("x-fencing-token", token.to_string());
+    });
+    req.send().await.map(|o| o.deleted().len()).map_err(|e| {
+        let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&e);
+        code.unwrap_or("?").to_string()
+    })
+}
+
+#[tokio::test]
+async fn a_delete_objects_goes_to_the_owner_of_its_keys() {
+    let etcd = EtcdCluster::start();
+    let garage = common::garage::Garage::start();
+    let fg = replicas(&garage.backend(), &etcd.endpoints_toml(), 2);
+    let c: Vec<_> = fg.iter().map(|f| common::sdk(&f.endpoint())).collect();
+    common::ensure_bucket(&c[0], "demo").await;
+    common::put_with_token(&c[0], "k", "a", 5).await.unwrap();
+    common::put_with_token(&c[1], "j", "b", 5).await.unwrap();
+    let exists = |i: usize, k: &'static str| {
+        let c = c[i].clone();
+        async move { c.head_object().bucket("demo").key(k).send().await.is_ok() }
+    };
+
+    // k is A's: at B, the request goes to A, which fences it.
+    assert_eq!(
+        delete_objects(&c[1], &["k"], 4).await.unwrap_err(),
+        "StaleFencingToken"
+    );
+    assert!(exists(0, "k").await);
+    assert_eq!(delete_objects(&c[1], &["k"], 5).await, Ok(1));
+    assert!(!exists(1, "k").await);
+    // Keys of resources owned by two replicas: refused, nothing deleted.
+    common::put_with_token(&c[0], "k", "a", 5).await.unwrap();
+    assert_eq!(
+        delete_objects(&c[0], &["j", "k"], 5).await.unwrap_err(),
+        "SlowDown"
+    );
+    assert!(exists(0, "j").await && exists(0, "k").await);
 }

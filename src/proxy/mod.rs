@@ -347,6 +347,16 @@ impl Proxy {
             Op::DeleteObjects => {
                 let more = Box::pin(self.fence_multi_delete(&admitted.op, token, &mut out, ctx));
                 let multi = more.await?;
+                if let Some((owner, body)) = multi.elsewhere {
+                    if admitted.verified.payload.is_chunked() {
+                        return Err(S3Error::SlowDown(format!(
+                            "the keys' resources are owned by replica {}; an aws-chunked \
+                             DeleteObjects is not forwarded: send it there",
+                            owner.0
+                        )));
+                    }
+                    return Box::pin(self.multi_delete_to_owner(ctx, &head, owner, body)).await;
+                }
                 permits.extend(multi.permits.into_iter().map(Arc::new));
                 hold = Arc::new(multi.hold);
                 refused = multi.refused;

@@ -39,6 +39,16 @@ pub(super) struct MultiDelete {
     pub refused: Vec<(String, Failed)>,
     /// Every key was refused: nothing goes to the backend.
     pub nothing_left: bool,
+    /// Cluster mode with owners: the replica (and its epoch) that owns
+    /// the keys' resources, and the body read; the request goes there.
+    pub elsewhere: Option<((String, i64), Bytes)>,
+}
+
+/// What [`Proxy::admit_all`] got.
+enum AdmittedAll {
+    Here(Vec<Permit>),
+    /// The first resource is owned by this replica (at this epoch).
+    Elsewhere(String, i64),
 }
 
 impl Proxy {
@@ -53,7 +63,8 @@ impl Proxy {
         ctx: &mut RequestCtx,
     ) -> Result<MultiDelete, S3Error> {
         let bucket = op.bucket.as_deref().unwrap_or_default();
-        let mut delete = Delete::parse(&read_body(out, MAX_BODY, "DeleteObjects").await?)?;
+        let body = read_body(out, MAX_BODY, "DeleteObjects").await?;
+        let mut delete = Delete::parse(&body)?;
         let resources: BTreeSet<String> = delete
             .objects
             .iter()
@@ -67,9 +78,27 @@ impl Proxy {
             Some(first) => {
                 let t = token.ok_or_else(|| S3Error::MissingFencingToken(first.clone()))?;
                 ctx.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
-                self.admit_all(&resources, t).await?
+                match self.admit_all(&resources, t).await? {
+                    AdmittedAll::Here(permits) => permits,
+                    AdmittedAll::Elsewhere(owner, epoch) => {
+                        return Ok(MultiDelete {
+                            permits: Vec::new(),
+                            hold: ObjectHold::none(),
+                            refused: Vec::new(),
+                            nothing_left: false,
+                            elsewhere: Some(((owner, epoch), body)),
+                        });
+                    }
+                }
             }
         };
+        // A forwarded request is admitted only by the tenure it was sent
+        // to (`to_owner.rs`).
+        if let (Some(epoch), Some(first)) = (ctx.forwarded, resources.iter().next())
+            && self.gate.owner_epoch(first) != Some(epoch)
+        {
+            return Err(super::to_owner::moved(first));
+        }
         // With owners, the holds of fenced keys are this replica's (it owns
         // their resources now); the others are in etcd. Always in this order.
         let (mut here, mut shared) = (Vec::new(), Vec::new());
@@ -109,6 +138,7 @@ impl Proxy {
             hold,
             refused,
             nothing_left,
+            elsewhere: None,
         })
     }
 
@@ -145,7 +175,7 @@ impl Proxy {
         &self,
         resources: &BTreeSet<String>,
         token: u64,
-    ) -> Result<Vec<Permit>, S3Error> {
+    ) -> Result<AdmittedAll, S3Error> {
         for r in resources {
             let highest = self.gate.highest(r).await;
             if let Some(h) = highest.map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?
@@ -157,8 +187,21 @@ impl Proxy {
         }
         let mut permits = Vec::new();
         for r in resources {
-            let admitted = self.gate.admit(r, token, Kind::Write).await;
-            permits.extend(admitted.map_err(|e| S3Error::from_refusal(e, r))?);
+            match self.gate.admit(r, token, Kind::Write).await {
+                Ok(p) => permits.extend(p),
+                // With owners: the whole request goes to the owner of the
+                // first resource, which admits the others or refuses.
+                Err(Refusal::Elsewhere(owner, epoch)) if permits.is_empty() => {
+                    return Ok(AdmittedAll::Elsewhere(owner, epoch));
+                }
+                Err(Refusal::Elsewhere(owner, _)) => {
+                    return Err(S3Error::SlowDown(format!(
+                        "{r} is owned by replica {owner}, and other keys' resources by this one: \
+                         send the keys of each resource in a request of its own"
+                    )));
+                }
+                Err(e) => return Err(S3Error::from_refusal(e, r)),
+            }
         }
         // The body was read whole: it is complete unless a newer token
         // arrived meanwhile.
@@ -167,7 +210,7 @@ impl Proxy {
                 return Err(S3Error::aborted(p, "one of the keys"));
             }
         }
-        Ok(permits)
+        Ok(AdmittedAll::Here(permits))
     }
 }
 

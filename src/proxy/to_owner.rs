@@ -22,7 +22,9 @@ use crate::body::ProxyBody;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
 use crate::s3::op::Operation;
+use crate::upstream::client::UpstreamBody;
 use crate::upstream::pool::Pool;
+use bytes::Bytes;
 use dashmap::DashMap;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
@@ -65,7 +67,30 @@ impl Peers {
 pub(super) enum Sent {
     Answered(Response<ProxyBody>),
     /// The owner could not be reached; the body is still here.
-    Unreached(Incoming),
+    Unreached(ClientBody),
+}
+
+/// A request's body as the client sent it: still streaming, or read whole
+/// (a DeleteObjects, whose keys name the owner).
+pub(super) enum ClientBody {
+    Streaming(Incoming),
+    Read(Bytes),
+}
+
+impl ClientBody {
+    fn upstream(self) -> UpstreamBody {
+        match self {
+            ClientBody::Streaming(incoming) => incoming
+                .map_err(|e| {
+                    tracing::debug!("forwarded request body: {e}");
+                    S3Error::IncompleteBody
+                })
+                .boxed_unsync(),
+            ClientBody::Read(bytes) => http_body_util::Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        }
+    }
 }
 
 impl Proxy {
@@ -86,12 +111,39 @@ impl Proxy {
             let Some(owner) = fenced.owner.take() else {
                 return Ok(Err((fenced, body)));
             };
-            match self.to_owner(ctx, head, body, owner, deadline).await? {
+            match self
+                .to_owner(ctx, head, ClientBody::Streaming(body), owner, deadline)
+                .await?
+            {
                 Sent::Answered(resp) => return Ok(Ok(resp)),
-                Sent::Unreached(b) => body = b,
+                Sent::Unreached(ClientBody::Streaming(b)) => body = b,
+                Sent::Unreached(ClientBody::Read(_)) => unreachable!("sent streaming"),
             }
             let token = ctx.token;
             fenced = self.fence(ctx, op, token, unconditional).await?;
+        }
+    }
+
+    /// A DeleteObjects whose keys' resources `owner` owns goes there with
+    /// the body it read (a body that is not aws-chunked: what was read is
+    /// what the client sent, and its signature still holds).
+    pub(super) async fn multi_delete_to_owner(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        owner: (String, i64),
+        body: Bytes,
+    ) -> Result<Response<ProxyBody>, S3Error> {
+        let deadline = Instant::now() + self.gate.wait_bound();
+        let name = owner.0.clone();
+        match self
+            .to_owner(ctx, head, ClientBody::Read(body), owner, deadline)
+            .await?
+        {
+            Sent::Answered(resp) => Ok(resp),
+            Sent::Unreached(_) => Err(S3Error::SlowDown(format!(
+                "the keys' resources are owned by replica {name}, which cannot be reached"
+            ))),
         }
     }
 
@@ -100,7 +152,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        body: Incoming,
+        body: ClientBody,
         (owner, epoch): (String, i64),
         deadline: Instant,
     ) -> Result<Sent, S3Error> {
@@ -123,6 +175,7 @@ impl Proxy {
             .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?;
         let Some(url) = url else {
             // Its lease is gone, or going: the resource is free soon.
+            self.gate.forget_owner(&resource);
             return pause(body, deadline, || unreached("its lease has ended".into())).await;
         };
         let pool = peers.pool(&url)?;
@@ -133,15 +186,7 @@ impl Proxy {
             let me = HeaderValue::from_str(&me).expect("hex name and digits");
             headers.insert(FORWARDED, me);
             let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
-            let incoming = body.take().expect("built once");
-            let mut req = Request::new(
-                incoming
-                    .map_err(|e| {
-                        tracing::debug!("forwarded request body: {e}");
-                        S3Error::IncompleteBody
-                    })
-                    .boxed_unsync(),
-            );
+            let mut req = Request::new(body.take().expect("built once").upstream());
             *req.method_mut() = head.method.clone();
             *req.uri_mut() = path.parse().expect("a path and query that parsed before");
             *req.headers_mut() = headers;
@@ -149,10 +194,7 @@ impl Proxy {
         };
         let sent = tokio::select! {
             sent = pool.send_when_connected(build) => sent,
-            () = c.gone(owner) => return Err(S3Error::SlowDown(format!(
-                "replica {owner}, which owned {resource}, stopped answering and its lease \
-                 ended: it cannot admit this request any more"
-            ))),
+            () = c.gone(owner) => return Err(self.gone(&resource, owner)),
         };
         match sent {
             Ok(resp) => {
@@ -176,6 +218,18 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// The answer to a request given up because its owner's lease ended
+    /// while the owner held it.
+    fn gone(&self, resource: &str, owner: &str) -> S3Error {
+        self.gate.forget_owner(resource);
+        S3Error::SlowDown(format!(
+            "replica {owner}, which owned {resource}, stopped answering and its lease ended: \
+             it cannot admit this request any more"
+        ))
+    }
+}
+
 /// The epoch a forwarded request was sent under, from [`FORWARDED`].
 pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
     let v = headers.get(FORWARDED)?.to_str().ok()?;
@@ -194,7 +248,7 @@ pub(super) fn moved(resource: &str) -> S3Error {
 /// Waits a little before the caller tries again, or gives up at
 /// `deadline` with `error`.
 async fn pause(
-    body: Incoming,
+    body: ClientBody,
     deadline: Instant,
     error: impl FnOnce() -> S3Error,
 ) -> Result<Sent, S3Error> {

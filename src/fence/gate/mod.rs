@@ -355,7 +355,13 @@ impl Gate {
 
     /// The highest token recorded for `resource`.
     pub async fn highest(&self, resource: &str) -> Result<Option<u64>, StoreError> {
-        if self.cluster.is_some() {
+        if let Some(c) = &self.cluster {
+            // An owner's slot is the fence; any other is a hint.
+            if let Some(slot) = self.slots.get(resource).map(|s| s.clone())
+                && self.owned_here(c, &slot).is_some()
+            {
+                return Ok(slot.lock().highest);
+            }
             return self.store.get(resource).await;
         }
         Ok(self.slot(resource).await?.lock().highest)

@@ -79,7 +79,7 @@ impl Gate {
     }
 
     /// This replica's standing ownership of `slot`, if any.
-    fn owned_here(&self, c: &Cluster, slot: &Slot) -> Option<Owned> {
+    pub(super) fn owned_here(&self, c: &Cluster, slot: &Slot) -> Option<Owned> {
         let mut st = slot.lock();
         match st.owned {
             Some(o) if c.holds(&o.tenure) => Some(o),
