@@ -117,6 +117,8 @@ pub struct Cluster {
     /// Replicas whose lease has ended, and a count bumped at each.
     departed: dashmap::DashMap<String, ()>,
     departures: tokio::sync::watch::Sender<u64>,
+    /// Open uploads' tokens read or put here (`store.rs`).
+    upload_tokens: dashmap::DashMap<String, u64>,
 }
 
 fn etcd(e: impl std::fmt::Display) -> ClusterError {
@@ -264,6 +266,7 @@ impl Cluster {
             addresses: Default::default(),
             departed: Default::default(),
             departures: tokio::sync::watch::Sender::new(0),
+            upload_tokens: Default::default(),
         };
         Ok((cluster, rx))
     }

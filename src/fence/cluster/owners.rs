@@ -61,8 +61,9 @@ pub enum Take {
 /// What an owner's raise found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum OwnedRaise {
-    /// The fence is at the token now (put by this raise or already there).
-    At,
+    /// The fence is at the token now: put by this raise, or already there
+    /// (put by a raise at another replica).
+    At { put: bool },
     /// The fence is above the token.
     Above(u64),
     /// The owner key is not this tenure's any more.
@@ -211,7 +212,7 @@ impl Cluster {
         let resp = self.retrying("raise", deadline, || txn.clone()).await?;
         let (raised, got) = gets(&resp);
         if raised {
-            return Ok(OwnedRaise::At);
+            return Ok(OwnedRaise::At { put: true });
         }
         let ours = got[0]
             .as_ref()
@@ -219,7 +220,7 @@ impl Cluster {
         Ok(match fence_of(&got[1]) {
             _ if !ours => OwnedRaise::Lost,
             Some(h) if h > token => OwnedRaise::Above(h),
-            _ => OwnedRaise::At,
+            _ => OwnedRaise::At { put: false },
         })
     }
 

@@ -1,6 +1,8 @@
 //! The cluster's [`FenceStore`]: fences and open uploads in etcd, read
 //! linearizably, for the admin API, the multipart token lookups and
-//! `fencegate fences import`.
+//! `fencegate fences import`. An upload's token never changes once put, so
+//! each replica keeps the ones it read or put (a bounded cache): the parts
+//! of an upload cost etcd one read per replica, not one each.
 
 use super::keys::{self, Outcome, pad, parse_fence, prefix_end};
 use super::{Cluster, call};
@@ -17,7 +19,17 @@ fn store_err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
 }
 
+/// Upload tokens a replica keeps; past this many it forgets them all.
+const CACHED_UPLOADS: usize = 10_000;
+
 impl Cluster {
+    fn remember_upload(&self, upload: &str, token: u64) {
+        if self.upload_tokens.len() >= CACHED_UPLOADS {
+            self.upload_tokens.clear();
+        }
+        self.upload_tokens.insert(upload.to_string(), token);
+    }
+
     /// A linearizable read, tried up to three times: a member that just
     /// went away fails the requests already routed to it.
     async fn get_value(&self, key: String) -> Result<Option<Vec<u8>>, StoreError> {
@@ -104,6 +116,7 @@ impl FenceStore for Cluster {
     fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>> {
         let key = self.keys.upload(upload);
         let all = self.keys.uploads();
+        let upload = upload.to_string();
         Box::pin(async move {
             let mut kv = self.client.kv_client();
             let count = GetOptions::new()
@@ -119,19 +132,29 @@ impl FenceStore for Cluster {
             call("put", kv.put(key, pad(token.into()), None))
                 .await
                 .map_err(store_err)?;
+            self.remember_upload(&upload, token);
             Ok(())
         })
     }
 
     fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
         let key = self.keys.upload(upload);
+        let upload = upload.to_string();
         Box::pin(async move {
+            if let Some(t) = self.upload_tokens.get(&upload) {
+                return Ok(Some(*t));
+            }
             let v = self.get_value(key).await?;
-            Ok(v.and_then(|v| keys::parse_fence(&v)).map(|(t, _)| t))
+            let token = v.and_then(|v| keys::parse_fence(&v)).map(|(t, _)| t);
+            if let Some(t) = token {
+                self.remember_upload(&upload, t);
+            }
+            Ok(token)
         })
     }
 
     fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.upload_tokens.remove(upload);
         let key = self.keys.upload(upload);
         Box::pin(async move {
             let mut kv = self.client.kv_client();

@@ -411,16 +411,20 @@ impl Gate {
         if !needs_raise(slot.lock().highest)? {
             return Ok((token, false));
         }
-        let recorded = match owner {
+        // One process raises a single node's store; an owner's fence may
+        // also be raised by another replica (the admin API, eager fencing).
+        let (recorded, put) = match owner {
             Some(o) => self.raise_owned(slot, resource, token, o).await?,
-            None => self.store.raise(resource, token).await?,
+            None => (self.store.raise(resource, token).await?, true),
         };
-        metrics::counter!(m::RAISES).increment(1);
+        if put {
+            metrics::counter!(m::RAISES).increment(1);
+        }
         let h = self.note_raise(slot, recorded.max(token));
         if token < h {
             return Err(stale(h));
         }
-        Ok((h, true))
+        Ok((h, put))
     }
 
     /// The fence of `slot` is at least `token` now: remember it, and tell

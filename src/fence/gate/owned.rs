@@ -163,19 +163,20 @@ impl Gate {
     }
 
     /// The owner's durable raise ([`Gate::raise_slot`]): the fence it
-    /// recorded, or [`Refusal::Moved`] when its tenure is over.
+    /// recorded and whether this raise put it, or [`Refusal::Moved`] when
+    /// its tenure is over.
     pub(super) async fn raise_owned(
         &self,
         slot: &Slot,
         resource: &str,
         token: u64,
         (c, tenure): Owner<'_>,
-    ) -> Result<u64, Refusal> {
+    ) -> Result<(u64, bool), Refusal> {
         let deadline = Instant::now() + self.wait_bound;
         match c.raise_owned(resource, token, tenure, deadline).await {
             Err(e) => Err(unavailable(e)),
-            Ok(OwnedRaise::At) => Ok(token),
-            Ok(OwnedRaise::Above(h)) => Ok(h),
+            Ok(OwnedRaise::At { put }) => Ok((token, put)),
+            Ok(OwnedRaise::Above(h)) => Ok((h, false)),
             Ok(OwnedRaise::Lost) => {
                 slot.lock().owned = None;
                 Err(Refusal::Moved)
