@@ -64,32 +64,33 @@ impl Peers {
 }
 
 /// What became of a request sent towards its owner.
-pub(super) enum Sent {
+pub(super) enum Sent<B> {
     Answered(Response<ProxyBody>),
     /// The owner could not be reached; the body is still here.
-    Unreached(ClientBody),
+    Unreached(B),
 }
 
 /// A request's body as the client sent it: still streaming, or read whole
 /// (a DeleteObjects, whose keys name the owner).
-pub(super) enum ClientBody {
-    Streaming(Incoming),
-    Read(Bytes),
+pub(super) trait ClientBody {
+    fn upstream(self) -> UpstreamBody;
 }
 
-impl ClientBody {
+impl ClientBody for Incoming {
     fn upstream(self) -> UpstreamBody {
-        match self {
-            ClientBody::Streaming(incoming) => incoming
-                .map_err(|e| {
-                    tracing::debug!("forwarded request body: {e}");
-                    S3Error::IncompleteBody
-                })
-                .boxed_unsync(),
-            ClientBody::Read(bytes) => http_body_util::Full::new(bytes)
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        }
+        self.map_err(|e| {
+            tracing::debug!("forwarded request body: {e}");
+            S3Error::IncompleteBody
+        })
+        .boxed_unsync()
+    }
+}
+
+impl ClientBody for Bytes {
+    fn upstream(self) -> UpstreamBody {
+        http_body_util::Full::new(self)
+            .map_err(|never| match never {})
+            .boxed_unsync()
     }
 }
 
@@ -111,13 +112,9 @@ impl Proxy {
             let Some(owner) = fenced.owner.take() else {
                 return Ok(Err((fenced, body)));
             };
-            match self
-                .to_owner(ctx, head, ClientBody::Streaming(body), owner, deadline)
-                .await?
-            {
+            match self.to_owner(ctx, head, body, owner, deadline).await? {
                 Sent::Answered(resp) => return Ok(Ok(resp)),
-                Sent::Unreached(ClientBody::Streaming(b)) => body = b,
-                Sent::Unreached(ClientBody::Read(_)) => unreachable!("sent streaming"),
+                Sent::Unreached(b) => body = b,
             }
             let token = ctx.token;
             fenced = self.fence(ctx, op, token, unconditional).await?;
@@ -136,10 +133,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, S3Error> {
         let deadline = Instant::now() + self.gate.wait_bound();
         let name = owner.0.clone();
-        match self
-            .to_owner(ctx, head, ClientBody::Read(body), owner, deadline)
-            .await?
-        {
+        match self.to_owner(ctx, head, body, owner, deadline).await? {
             Sent::Answered(resp) => Ok(resp),
             Sent::Unreached(_) => Err(S3Error::SlowDown(format!(
                 "the keys' resources are owned by replica {name}, which cannot be reached"
@@ -148,14 +142,14 @@ impl Proxy {
     }
 
     /// Sends the request to `owner`, which owns its resource.
-    pub(super) async fn to_owner(
+    pub(super) async fn to_owner<B: ClientBody>(
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        body: ClientBody,
+        body: B,
         (owner, epoch): (String, i64),
         deadline: Instant,
-    ) -> Result<Sent, S3Error> {
+    ) -> Result<Sent<B>, S3Error> {
         let owner = owner.as_str();
         let resource = ctx.resource.clone().unwrap_or_default();
         if ctx.forwarded.is_some() {
@@ -216,9 +210,7 @@ impl Proxy {
             ))),
         }
     }
-}
 
-impl Proxy {
     /// The answer to a request given up because its owner's lease ended
     /// while the owner held it.
     fn gone(&self, resource: &str, owner: &str) -> S3Error {
@@ -247,11 +239,11 @@ pub(super) fn moved(resource: &str) -> S3Error {
 
 /// Waits a little before the caller tries again, or gives up at
 /// `deadline` with `error`.
-async fn pause(
-    body: ClientBody,
+async fn pause<B>(
+    body: B,
     deadline: Instant,
     error: impl FnOnce() -> S3Error,
-) -> Result<Sent, S3Error> {
+) -> Result<Sent<B>, S3Error> {
     if Instant::now() >= deadline {
         return Err(error());
     }
