@@ -22,6 +22,7 @@ mod common;
 
 use common::backend::{Event, TestBackend};
 use common::etcd::EtcdCluster;
+use common::fencegate::Fencegate;
 use common::http_call;
 use common::raw::{RawClient, RawRequest, RawResponse};
 use common::replicas::{ADMIN, NO_HOLD, TTL_MS, replica_with, replicas};
@@ -146,6 +147,25 @@ async fn a_forwarded_request_is_admitted_only_by_the_tenure_it_was_sent_to() {
     assert_eq!(be.object("demo", "k").unwrap(), "b");
 }
 
+/// Three replicas without a hold after an expiry, the first the owner of
+/// /demo/k (a token-1 write through it), and a client of each.
+async fn three_with_an_owner(
+    etcd: &EtcdCluster,
+    be: &TestBackend,
+) -> (Vec<Fencegate>, Vec<Arc<RawClient>>) {
+    let (backend, ep) = (be.as_fencegate_backend(), etcd.endpoints_toml());
+    let fg: Vec<_> = (0..3)
+        .map(|_| replica_with(&backend, &ep, NO_HOLD, TTL_MS))
+        .collect();
+    let c: Vec<_> = fg
+        .iter()
+        .map(|f| Arc::new(RawClient::new(&f.endpoint())))
+        .collect();
+    let first = c[0].send(RawRequest::put("/demo/k", "1").token(1)).await;
+    assert_eq!(first.unwrap().status, 200);
+    (fg, c)
+}
+
 /// Writes with rising tokens go through every replica in turn while the
 /// owner is killed: every write answered 200 reached the backend in token
 /// order, and the last one is what the backend keeps.
@@ -153,22 +173,7 @@ async fn a_forwarded_request_is_admitted_only_by_the_tenure_it_was_sent_to() {
 async fn writes_stay_in_token_order_while_their_owner_is_killed() {
     let etcd = EtcdCluster::start();
     let be = TestBackend::start().await;
-    let backend = be.as_fencegate_backend();
-    let ep = etcd.endpoints_toml();
-    let mut fg: Vec<_> = (0..3)
-        .map(|_| replica_with(&backend, &ep, NO_HOLD, TTL_MS))
-        .collect();
-    let c: Vec<_> = fg
-        .iter()
-        .map(|f| Arc::new(RawClient::new(&f.endpoint())))
-        .collect();
-    assert_eq!(
-        c[0].send(RawRequest::put("/demo/k", "1").token(1))
-            .await
-            .unwrap()
-            .status,
-        200
-    );
+    let (mut fg, c) = three_with_an_owner(&etcd, &be).await;
 
     let writer = |via: Vec<Arc<RawClient>>| {
         tokio::spawn(async move {
@@ -212,19 +217,7 @@ async fn writes_stay_in_token_order_while_their_owner_is_killed() {
 async fn a_burst_of_raises_while_ownership_moves_refuses_lower_tokens_at_once() {
     let etcd = EtcdCluster::start();
     let be = TestBackend::start().await;
-    let backend = be.as_fencegate_backend();
-    let ep = etcd.endpoints_toml();
-    let mut fg: Vec<_> = (0..3)
-        .map(|_| replica_with(&backend, &ep, NO_HOLD, TTL_MS))
-        .collect();
-    let c: Vec<_> = fg.iter().map(|f| RawClient::new(&f.endpoint())).collect();
-    assert_eq!(
-        c[0].send(RawRequest::put("/demo/k", "1").token(1))
-            .await
-            .unwrap()
-            .status,
-        200
-    );
+    let (mut fg, c) = three_with_an_owner(&etcd, &be).await;
 
     for t in 2..30u64 {
         if t == 10 {

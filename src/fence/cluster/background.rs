@@ -2,7 +2,7 @@
 //! deleting ended registrations in batches, and sweeping its own leftovers.
 
 use super::{Cluster, call, keys};
-use etcd_client::{EventType, GetOptions, TxnOp, WatchOptions};
+use etcd_client::{EventType, GetOptions, TxnOp, WatchOptions, WatchResponse};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -27,6 +27,38 @@ impl Cluster {
     /// that history is gone it reports a [`Seen::Gap`].
     pub async fn follow_raises(self: Arc<Self>, seen: impl Fn(Seen<'_>) + Send) {
         let fences = self.keys.fences();
+        self.watch_prefix(fences, |resp| {
+            let Some(resp) = resp else {
+                return seen(Seen::Gap);
+            };
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                if ev.event_type() != EventType::Put {
+                    continue;
+                }
+                if let (Some(r), Some((t, _))) = (
+                    self.keys.resource_of(kv.key()),
+                    keys::parse_fence(kv.value()),
+                ) {
+                    seen(Seen::Raised(r, t));
+                }
+            }
+            if let Some(h) = resp.header() {
+                seen(Seen::Through(h.revision()));
+            }
+        })
+        .await
+    }
+
+    /// Hands every answer of a watch of `prefix` to `each`, for as long as
+    /// the process runs. The watch resumes after the last revision it saw;
+    /// if that history is gone (compacted) it starts again from now and
+    /// hands `None` first.
+    pub(super) async fn watch_prefix(
+        &self,
+        prefix: String,
+        mut each: impl FnMut(Option<&WatchResponse>),
+    ) {
         let mut next: Option<i64> = None;
         loop {
             let mut opts = WatchOptions::new().with_prefix();
@@ -34,34 +66,19 @@ impl Cluster {
                 opts = opts.with_start_revision(rev);
             }
             let mut w = self.client.watch_client();
-            if let Ok(mut stream) = call("watch", w.watch(fences.clone(), Some(opts))).await {
+            if let Ok(mut stream) = call("watch", w.watch(prefix.clone(), Some(opts))).await {
                 while let Ok(Some(resp)) = stream.message().await {
                     if resp.canceled() {
                         if resp.compact_revision() > 0 {
                             next = None;
-                            seen(Seen::Gap);
+                            each(None);
                         }
                         break;
                     }
-                    let revision = resp.header().map(|h| h.revision());
-                    if let Some(r) = revision {
-                        next = Some(r + 1);
+                    if let Some(h) = resp.header() {
+                        next = Some(h.revision() + 1);
                     }
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        if ev.event_type() != EventType::Put {
-                            continue;
-                        }
-                        if let (Some(r), Some((t, _))) = (
-                            self.keys.resource_of(kv.key()),
-                            keys::parse_fence(kv.value()),
-                        ) {
-                            seen(Seen::Raised(r, t));
-                        }
-                    }
-                    if let Some(r) = revision {
-                        seen(Seen::Through(r));
-                    }
+                    each(Some(&resp));
                 }
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

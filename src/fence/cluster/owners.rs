@@ -178,8 +178,9 @@ impl Cluster {
             ));
         }
         // Ours: a take whose answer was lost, under the lease held now, is
-        // adopted (nobody else can have it); a key of an older lease, or
-        // one being released, must go first.
+        // adopted (nobody else can have it, and nothing was admitted under
+        // it); a key of an older lease, or one being released, must go
+        // first.
         if leaving {
             return Ok(Take::Leaving);
         }
@@ -192,7 +193,7 @@ impl Cluster {
                 generation,
             },
             highest: fence_of(&got[1]),
-            after_death: true,
+            after_death: false,
         })
     }
 

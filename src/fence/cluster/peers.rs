@@ -6,7 +6,7 @@
 //! given up, since the replica can no longer admit it.
 
 use super::{Cluster, ClusterError, call};
-use etcd_client::{EventType, PutOptions, WatchOptions};
+use etcd_client::{EventType, PutOptions};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,32 +75,21 @@ impl Cluster {
     /// is a replica whose lease ended (replica names are never reused).
     pub(super) async fn follow_replicas(self: Arc<Self>) {
         let all = self.keys.replica("");
-        let mut next: Option<i64> = None;
-        loop {
-            let mut opts = WatchOptions::new().with_prefix();
-            if let Some(rev) = next {
-                opts = opts.with_start_revision(rev);
-            }
-            let mut w = self.client.watch_client();
-            if let Ok(mut stream) = call("watch", w.watch(all.clone(), Some(opts))).await {
-                while let Ok(Some(resp)) = stream.message().await {
-                    if resp.canceled() {
-                        next = None;
-                        break;
-                    }
-                    next = resp.header().map(|h| h.revision() + 1).or(next);
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
-                        self.addresses.remove(&name);
-                        if ev.event_type() == EventType::Delete {
-                            self.departed.insert(name, ());
-                            self.departures.send_modify(|n| *n += 1);
-                        }
-                    }
+        self.watch_prefix(all.clone(), |resp| {
+            // After a gap, every address is looked up again.
+            let Some(resp) = resp else {
+                return self.addresses.clear();
+            };
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
+                self.addresses.remove(&name);
+                if ev.event_type() == EventType::Delete {
+                    self.departed.insert(name, ());
+                    self.departures.send_modify(|n| *n += 1);
                 }
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        })
+        .await
     }
 }

@@ -33,6 +33,14 @@ pub(super) struct Owned {
     pub touched: bool,
 }
 
+/// Forgets `tenure` on `slot`, unless a newer one has replaced it.
+fn drop_tenure(slot: &Slot, tenure: Tenure) {
+    let mut st = slot.lock();
+    if st.owned.is_some_and(|o| o.tenure == tenure) {
+        st.owned = None;
+    }
+}
+
 fn unavailable(e: impl std::fmt::Display) -> Refusal {
     Refusal::Unavailable(e.to_string())
 }
@@ -55,9 +63,7 @@ impl Gate {
                 Err(e) => Err(e),
             };
             match admitted {
-                Err(Refusal::Moved) if Instant::now() < deadline => {
-                    slot.lock().owned = None;
-                }
+                Err(Refusal::Moved) if Instant::now() < deadline => drop_tenure(&slot, tenure),
                 other => return other,
             }
         }
@@ -178,7 +184,7 @@ impl Gate {
             Ok(OwnedRaise::At { put }) => Ok((token, put)),
             Ok(OwnedRaise::Above(h)) => Ok((h, false)),
             Ok(OwnedRaise::Lost) => {
-                slot.lock().owned = None;
+                drop_tenure(slot, tenure);
                 Err(Refusal::Moved)
             }
         }
