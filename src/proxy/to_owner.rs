@@ -250,3 +250,22 @@ async fn pause<B>(
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(Sent::Unreached(body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forwarded_request_names_its_epoch_and_a_bad_stamp_matches_none() {
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(FORWARDED, HeaderValue::from_str(v).unwrap());
+            forwarded_epoch(&h)
+        };
+        assert_eq!(with("0123456789abcdef 42"), Some(42));
+        // Stamped, but with nothing an owner's epoch (always > 0) equals.
+        assert_eq!(with("0123456789abcdef"), Some(-1));
+        assert_eq!(with("x y"), Some(-1));
+        assert_eq!(forwarded_epoch(&http::HeaderMap::new()), None);
+    }
+}

@@ -353,6 +353,12 @@ mod tests {
         assert!(equal >= hi);
         assert!(!(lo <= other && other < hi));
         assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        // Owner keys of a resource and of one whose name extends it differ,
+        // and no key of one kind is another kind's.
+        assert_ne!(k.owner("b/x"), k.owner("b/x/y"));
+        assert_ne!(k.owner("b/x"), k.owned("b/x"));
+        assert!(!k.owner("b/x").starts_with(&k.fences()));
+        assert!(k.replica("r1").starts_with(&k.replica("")));
         // The holds of an object are one range, and a longer name's are not in it.
         let (lo, hi) = k.holds_of("b/x");
         let mine = k.hold("b/x", "r1", 3);
