@@ -40,23 +40,25 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, Strin
 
 /// Trust for the backend: the system roots, plus `extra_ca` if given.
 pub fn client_config(extra_ca: Option<&Path>) -> Result<ClientConfig, String> {
+    client_config_named(extra_ca, "backend.ca_file")
+}
+
+/// [`client_config`], its errors naming the setting `setting`.
+pub fn client_config_named(extra_ca: Option<&Path>, setting: &str) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
         let _ = roots.add(cert);
     }
     if let Some(path) = extra_ca {
-        for cert in certs(path, "backend.ca_file")? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("backend.ca_file: {e}"))?;
+        for cert in certs(path, setting)? {
+            roots.add(cert).map_err(|e| format!("{setting}: {e}"))?;
         }
     }
     if roots.is_empty() {
-        return Err(
-            "no trusted root certificates: install the system CA bundle or set backend.ca_file"
-                .into(),
-        );
+        return Err(format!(
+            "no trusted root certificates: install the system CA bundle or set {setting}"
+        ));
     }
     client_trusting(roots)
 }

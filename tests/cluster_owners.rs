@@ -12,7 +12,9 @@
 //!   owner dies and the resource moves, each refuses lower tokens at once;
 //! - a raise at a replica that does not own the resource is answered only
 //!   once the owner has applied it, however late the owner hears of it;
-//! - a DeleteObjects goes to the owner of its keys' resources.
+//! - a DeleteObjects goes to the owner of its keys' resources;
+//! - replicas whose S3 listener is HTTPS forward to each other over TLS,
+//!   trusting `peer_ca_file`.
 //!
 //! The owner killed, paused past its lease, or cut off from etcd with a
 //! write admitted locally are `tests/cluster.rs`'s tests: the first write
@@ -25,7 +27,9 @@ use common::etcd::EtcdCluster;
 use common::fencegate::Fencegate;
 use common::http_call;
 use common::raw::{RawClient, RawRequest, RawResponse};
-use common::replicas::{ADMIN, NO_HOLD, TTL_MS, replica_with, replicas};
+use common::replicas::{
+    ADMIN, NO_HOLD, TTL_MS, cluster_toml, ready_status, replica_with, replicas,
+};
 use std::sync::Arc;
 
 /// The value of `name` (with its labels) in `replica`'s metrics.
@@ -344,4 +348,51 @@ async fn a_delete_objects_goes_to_the_owner_of_its_keys() {
         "SlowDown"
     );
     assert!(exists(0, "j").await && exists(0, "k").await);
+}
+
+/// Two replicas serving HTTPS: `peer_ca_file` names the CA of their
+/// certificates, and writes at the replica that does not own the resource
+/// go to the owner over TLS.
+#[tokio::test]
+async fn replicas_forward_to_each_other_over_tls() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let names = vec!["localhost".into(), "127.0.0.1".into()];
+    let ck = rcgen::generate_simple_self_signed(names).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let server = format!(
+        "admin_token = \"{ADMIN}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        cert.display(),
+        key.display()
+    );
+    let cluster = format!(
+        "{}peer_ca_file = \"{}\"\n",
+        cluster_toml(&etcd.endpoints_toml(), NO_HOLD, TTL_MS),
+        cert.display()
+    );
+    let fg: Vec<_> = (0..2)
+        .map(|_| Fencegate::start_with(be.as_fencegate_backend(), &server, &cluster))
+        .collect();
+    for f in &fg {
+        common::wait_until(20, "a lease", || ready_status(f) == 200);
+    }
+    let client = |f: &Fencegate| {
+        let url = format!("https://127.0.0.1:{}", f.s3.port());
+        RawClient::with_ca(&url, Some(&cert))
+    };
+    let (a, b) = (client(&fg[0]), client(&fg[1]));
+    let put = |body: &str, t: u64| RawRequest::put("/demo/k", body.to_string()).token(t);
+    assert_eq!(a.send(put("a", 5)).await.unwrap().status, 200);
+    let r = b.send(put("b", 5)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(be.object("demo", "k").unwrap(), "b");
+    let stale = b.send(put("stale", 4)).await.unwrap();
+    assert_eq!(stale.code(), Some("StaleFencingToken"));
+    assert_eq!(
+        metric(&fg[1], "fencegate_cluster_forwarded_total").await,
+        2.0
+    );
 }

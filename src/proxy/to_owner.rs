@@ -45,8 +45,15 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(ca: Option<&std::path::Path>) -> Result<Peers, String> {
+        let tls = match crate::tls::client_config_named(ca, "cluster.peer_ca_file") {
+            Ok(tls) => tls,
+            // No system roots and no CA given: fine while the replicas
+            // speak plain HTTP (an https:// peer then fails its handshake).
+            Err(_) if ca.is_none() => crate::tls::client_config_without_roots()?,
+            Err(e) => return Err(e),
+        };
         Ok(Peers {
-            tls: crate::tls::client_config(ca)?,
+            tls,
             pools: DashMap::new(),
         })
     }

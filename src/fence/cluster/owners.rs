@@ -137,8 +137,15 @@ impl Cluster {
         &self.replica
     }
 
-    /// Takes `resource` if nobody owns it ([`Take`]).
-    pub async fn take(&self, resource: &str, leaving: bool) -> Result<Take, ClusterError> {
+    /// Takes `resource` if nobody owns it ([`Take`]). Tried again on
+    /// failure until `deadline`: a take applied whose answer was lost is
+    /// found again as this replica's, and adopted.
+    pub async fn take(
+        &self,
+        resource: &str,
+        leaving: bool,
+        deadline: Instant,
+    ) -> Result<Take, ClusterError> {
         let (lease, generation) = self.lease.current().ok_or(ClusterError::NoLease)?;
         let owner = self.keys.owner(resource);
         let owned = self.keys.owned(resource);
@@ -157,8 +164,7 @@ impl Cluster {
                 TxnOp::put(owned, self.replica.as_str(), None),
             ])
             .or_else([TxnOp::get(owner, None), TxnOp::get(fence, None)]);
-        let mut kv = self.client.kv_client();
-        let resp = call("take", kv.txn(txn)).await?;
+        let resp = self.retrying("take", deadline, || txn.clone()).await?;
         let (took, got) = gets(&resp);
         if took {
             let epoch = resp.header().map(|h| h.revision()).unwrap_or_default();

@@ -40,12 +40,11 @@ impl Cluster {
         if let Some(url) = self.addresses.get(replica) {
             return Ok(Some(url.clone()));
         }
-        let mut kv = self.client.kv_client();
-        let resp = call("get", kv.get(self.keys.replica(replica), None)).await?;
-        let Some(kv) = resp.kvs().first() else {
+        let value = self.get_value(self.keys.replica(replica)).await;
+        let Some(value) = value.map_err(|e| ClusterError::Etcd(e.to_string()))? else {
             return Ok(None);
         };
-        let url = String::from_utf8_lossy(kv.value()).into_owned();
+        let url = String::from_utf8_lossy(&value).into_owned();
         self.addresses.insert(replica.to_string(), url.clone());
         Ok(Some(url))
     }

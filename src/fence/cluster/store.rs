@@ -32,7 +32,7 @@ impl Cluster {
 
     /// A linearizable read, tried up to three times: a member that just
     /// went away fails the requests already routed to it.
-    async fn get_value(&self, key: String) -> Result<Option<Vec<u8>>, StoreError> {
+    pub(super) async fn get_value(&self, key: String) -> Result<Option<Vec<u8>>, StoreError> {
         let mut last = None;
         for attempt in 0..3 {
             if attempt > 0 {

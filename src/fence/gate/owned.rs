@@ -131,7 +131,11 @@ impl Gate {
                 continue;
             }
             let leaving = self.releasing.contains_key(resource);
-            match c.take(resource, leaving).await.map_err(unavailable)? {
+            match c
+                .take(resource, leaving, deadline)
+                .await
+                .map_err(unavailable)?
+            {
                 Take::Mine {
                     tenure,
                     highest,
@@ -294,8 +298,13 @@ impl Gate {
         tokio::spawn(async move {
             while acked.changed().await.is_ok() {
                 let revision = *acked.borrow_and_update();
-                if let Err(e) = acker.acknowledge(revision).await {
+                // Until it is put, or a later revision is to be.
+                while let Err(e) = acker.acknowledge(revision).await {
                     tracing::debug!("cluster: acknowledging raises: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if acked.has_changed().unwrap_or(true) {
+                        break;
+                    }
                 }
             }
         });
