@@ -128,13 +128,8 @@ impl Proxy {
             Err(Refusal::Elsewhere(owner, epoch)) => (None, None, Some((owner, epoch))),
             Err(r) => return Err(S3Error::from_refusal(r, &resource)),
         };
-        // A forwarded request is admitted only by the tenure it was sent
-        // to (`to_owner.rs`).
-        if let Some(epoch) = ctx.forwarded
-            && owner.is_none()
-            && self.gate.owner_epoch(&resource) != Some(epoch)
-        {
-            return Err(super::to_owner::moved(&resource));
+        if owner.is_none() {
+            self.check_forwarded(ctx, &resource)?;
         }
         Ok(Fenced {
             resource: Some(resource),

@@ -312,8 +312,7 @@ impl Proxy {
                 Err(owned_here) => owned_here,
             },
         };
-        // With owners, a fenced object's writes all reach this replica.
-        let here = self.peers.is_some() && fenced.resource.is_some();
+        let here = self.holds_here(fenced.resource.is_some());
         let hold = match (fenced.hold.clone(), &conditions) {
             (Some(hold), _) => hold,
             (None, c) => match self.hold_at_once(&op, c.as_ref(), here) {

@@ -65,14 +65,16 @@ impl Proxy {
         let bucket = op.bucket.as_deref().unwrap_or_default();
         let body = read_body(out, MAX_BODY, "DeleteObjects").await?;
         let mut delete = Delete::parse(&body)?;
-        let resources: BTreeSet<String> = delete
+        // Each key's resource, in the order of the keys.
+        let fencing: Vec<Option<String>> = delete
             .objects
             .iter()
-            .filter_map(|o| match self.resolver.resolve(bucket, &o.key) {
+            .map(|o| match self.resolver.resolve(bucket, &o.key) {
                 Fencing::Fenced(r) => Some(r),
                 Fencing::Unfenced => None,
             })
             .collect();
+        let resources: BTreeSet<String> = fencing.iter().flatten().cloned().collect();
         let permits = match resources.iter().next() {
             None => Vec::new(),
             Some(first) => {
@@ -92,23 +94,18 @@ impl Proxy {
                 }
             }
         };
-        // A forwarded request is admitted only by the tenure it was sent
-        // to (`to_owner.rs`).
-        if let (Some(epoch), Some(first)) = (ctx.forwarded, resources.iter().next())
-            && self.gate.owner_epoch(first) != Some(epoch)
-        {
-            return Err(super::to_owner::moved(first));
+        if let Some(first) = resources.iter().next() {
+            self.check_forwarded(ctx, first)?;
         }
         // With owners, the holds of fenced keys are this replica's (it owns
         // their resources now); the others are in etcd. Always in this order.
         let (mut here, mut shared) = (Vec::new(), Vec::new());
-        for o in &delete.objects {
+        for (o, resource) in delete.objects.iter().zip(&fencing) {
             let mode = match o.conditions {
                 Some(_) => Mode::Alone,
                 None => Mode::Shared,
             };
-            let fenced = matches!(self.resolver.resolve(bucket, &o.key), Fencing::Fenced(_));
-            match self.peers.is_some() && fenced {
+            match self.holds_here(resource.is_some()) {
                 true => here.push((object_name(bucket, &o.key), mode)),
                 false => shared.push((object_name(bucket, &o.key), mode)),
             }

@@ -218,6 +218,22 @@ impl Proxy {
         }
     }
 
+    /// A forwarded request is admitted only by the owner's tenure it was
+    /// sent to: refused when `resource` is not owned here at that epoch.
+    pub(super) fn check_forwarded(&self, ctx: &RequestCtx, resource: &str) -> Result<(), S3Error> {
+        match ctx.forwarded {
+            Some(epoch) if self.gate.owner_epoch(resource) != Some(epoch) => Err(moved(resource)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a write's hold on an object is this process's even in
+    /// cluster mode: with owners, every write to an object of a fenced
+    /// resource reaches the resource's owner, which is this replica.
+    pub(super) fn holds_here(&self, fenced: bool) -> bool {
+        self.peers.is_some() && fenced
+    }
+
     /// The answer to a request given up because its owner's lease ended
     /// while the owner held it.
     fn gone(&self, resource: &str, owner: &str) -> S3Error {

@@ -282,6 +282,10 @@ impl Cluster {
         revision: i64,
         deadline: Instant,
     ) -> Result<(), ClusterError> {
+        // An owner that took the resource after the raise read it then.
+        if epoch > revision {
+            return Ok(());
+        }
         let txn = Txn::new().when([]).and_then([
             TxnOp::get(self.keys.seen(owner), None),
             TxnOp::get(self.keys.owner(resource), None),
@@ -297,8 +301,7 @@ impl Cluster {
             let still = got[1]
                 .as_ref()
                 .is_some_and(|kv| kv.create_revision() == epoch);
-            // An owner that took the resource after the raise read it then.
-            if !still || epoch > revision || seen.is_some_and(|s| s >= revision) {
+            if !still || seen.is_some_and(|s| s >= revision) {
                 return Ok(());
             }
             if Instant::now() >= deadline {

@@ -8,6 +8,8 @@ use crate::fence::cluster::{Cluster, Registration, Seen, WaitError};
 use crate::fence::hold::ObjectHold;
 use crate::metric_names as m;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::watch;
 
 impl Gate {
     /// [`Gate::admit`] for a write that replaces or deletes `object`
@@ -47,34 +49,61 @@ impl Gate {
     /// Cluster mode: follows raises made at every replica for as long as the
     /// process runs, aborting this replica's lower-token writes that are
     /// still streaming. After a gap in what it saw, it reads the fences of
-    /// the resources with writes in flight here again.
+    /// the resources with writes in flight here, or owned here, again.
+    /// With owners it also acknowledges the raises of resources it owns
+    /// (`owned.rs`), and lets idle resources go.
     pub fn follow_cluster(self: &Arc<Self>) {
         let Some(c) = self.cluster.clone() else {
             return;
         };
+        let acks = c.owning.then(|| Gate::acknowledger(c.clone()));
         if c.owning {
-            return self.follow_as_owner(c);
+            self.sweep_idle();
         }
         let gate = Arc::downgrade(self);
+        let owned_raise = AtomicBool::new(false);
         tokio::spawn(c.follow_raises(move |seen| {
             let Some(gate) = gate.upgrade() else { return };
             match seen {
                 Seen::Raised(resource, token) => {
                     if let Some(slot) = gate.slots.get(resource).map(|s| s.clone()) {
                         gate.note_raise(&slot, token);
+                        if slot.lock().owned.is_some() {
+                            owned_raise.store(true, Ordering::SeqCst);
+                        }
+                    }
+                }
+                Seen::Through(revision) => {
+                    if let Some(acks) = &acks
+                        && owned_raise.swap(false, Ordering::SeqCst)
+                    {
+                        acks.send_replace(revision);
                     }
                 }
                 Seen::Gap => {
-                    tokio::spawn(async move { gate.reread_busy_fences().await });
+                    let acks = acks.clone();
+                    tokio::spawn(async move { gate.reread_after_gap(acks).await });
                 }
-                Seen::Through(_) => {}
             }
         }));
     }
 
+    /// After a gap: the fences of resources busy or owned here read again,
+    /// then (with owners) the revision read before them acknowledged.
+    async fn reread_after_gap(&self, acks: Option<Arc<watch::Sender<i64>>>) {
+        let revision = match (&acks, &self.cluster) {
+            (Some(_), Some(c)) => c.revision().await.ok(),
+            _ => None,
+        };
+        self.reread_busy_fences().await;
+        if let (Some(acks), Some(revision)) = (acks, revision) {
+            acks.send_replace(revision);
+        }
+    }
+
     /// Reads again the fence of every resource with a write in flight
     /// here, or owned here.
-    pub(super) async fn reread_busy_fences(&self) {
+    async fn reread_busy_fences(&self) {
         let busy: Vec<String> = self
             .slots
             .iter()

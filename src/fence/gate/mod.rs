@@ -287,21 +287,9 @@ impl Gate {
     /// reference: a permit, a waiting admission and a load each hold one,
     /// and a new reference can only be taken under the shard lock that
     /// `retain` holds while it looks, so nothing is dropped in use.
+    /// (With owners, an evicted resource owned here is let go.)
     fn evict_idle(&self) {
-        let mut owned = Vec::new();
-        self.slots.retain(|r, s| {
-            let keep = Arc::strong_count(s) > 1;
-            if !keep && let Some(o) = s.lock().owned {
-                // Marked under the shard lock: a take that comes after the
-                // slot left waits for the release.
-                self.releasing.insert(r.clone(), ());
-                owned.push((r.clone(), o.tenure.epoch));
-            }
-            keep
-        });
-        for (r, epoch) in owned {
-            self.let_go(r, epoch);
-        }
+        self.drop_slots(|s| Arc::strong_count(s) == 1);
         metrics::gauge!(m::CACHED_FENCES).set(self.slots.len() as f64);
     }
 

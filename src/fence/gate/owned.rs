@@ -12,11 +12,11 @@
 //! few resources waiting for its quarantine.
 
 use super::{Gate, Kind, Owner, Permit, Refusal, Slot};
-use crate::fence::cluster::{Cluster, OwnedRaise, Seen, Take, Tenure};
+use crate::fence::cluster::{Cluster, OwnedRaise, Take, Tenure};
 use crate::metric_names as m;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// A resource not admitted for this long (at most twice) is let go.
@@ -235,40 +235,43 @@ impl Gate {
         Ok((r.highest, r.raised))
     }
 
-    /// Deletes this replica's ownership of `resource` in etcd (marked in
-    /// `releasing` by the caller until it is done).
-    pub(super) fn let_go(&self, resource: String, epoch: i64) {
-        let (Some(c), releasing) = (self.cluster.clone(), self.releasing.clone()) else {
-            return;
-        };
-        releasing.insert(resource.clone(), ());
-        tokio::spawn(async move {
-            if let Err(e) = c.release(&resource, epoch).await {
-                tracing::warn!("cluster: letting {resource} go: {e}");
-            }
-            releasing.remove(&resource);
-        });
-    }
-
-    /// Lets go of the resources not admitted since the last sweep and
-    /// idle now.
-    fn release_idle(&self) {
-        let mut idle = Vec::new();
+    /// Drops the slots `drop` picks, and lets go of those owned here. The
+    /// release is marked in `releasing` under the map's shard lock, so a
+    /// take that comes after the slot left waits for it.
+    pub(super) fn drop_slots(&self, mut drop: impl FnMut(&Arc<Slot>) -> bool) {
+        let mut owned = Vec::new();
         self.slots.retain(|r, s| {
-            let mut st = s.lock();
-            let Some(o) = st.owned.as_mut() else {
-                return true;
-            };
-            if std::mem::take(&mut o.touched) || Arc::strong_count(s) > 1 {
+            if !drop(s) {
                 return true;
             }
-            self.releasing.insert(r.clone(), ());
-            idle.push((r.clone(), o.tenure.epoch));
+            if let Some(o) = s.lock().owned {
+                self.releasing.insert(r.clone(), ());
+                owned.push((r.clone(), o.tenure.epoch));
+            }
             false
         });
-        for (r, epoch) in idle {
-            self.let_go(r, epoch);
+        let Some(c) = &self.cluster else { return };
+        for (resource, epoch) in owned {
+            let (c, releasing) = (c.clone(), self.releasing.clone());
+            tokio::spawn(async move {
+                if let Err(e) = c.release(&resource, epoch).await {
+                    tracing::warn!("cluster: letting {resource} go: {e}");
+                }
+                releasing.remove(&resource);
+            });
         }
+    }
+
+    /// Lets go of the resources owned here, not admitted since the last
+    /// sweep, and idle now.
+    fn release_idle(&self) {
+        self.drop_slots(|s| {
+            let mut st = s.lock();
+            match st.owned.as_mut() {
+                None => false,
+                Some(o) => !std::mem::take(&mut o.touched) && Arc::strong_count(s) == 1,
+            }
+        });
     }
 
     /// Lets go of every resource owned here (at shutdown).
@@ -286,20 +289,16 @@ impl Gate {
         }
     }
 
-    /// Cluster mode with owners: follows raises made anywhere (aborting
-    /// lower writes here and acknowledging those of resources owned here),
-    /// and lets idle resources go, for as long as the gate lives.
-    pub(super) fn follow_as_owner(self: &Arc<Self>, c: Arc<Cluster>) {
-        let gate = Arc::downgrade(self);
-        let owned_raise = AtomicBool::new(false);
-        let (acks, mut acked) = tokio::sync::watch::channel(0i64);
-        let acks = Arc::new(acks);
-        let acker = c.clone();
+    /// Cluster mode with owners: puts the revision up to which this
+    /// replica has applied raises (`seen/<replica>`) whenever the channel
+    /// returned gets a new one, for as long as the process runs.
+    pub(super) fn acknowledger(c: Arc<Cluster>) -> Arc<watch::Sender<i64>> {
+        let (acks, mut acked) = watch::channel(0i64);
         tokio::spawn(async move {
             while acked.changed().await.is_ok() {
                 let revision = *acked.borrow_and_update();
                 // Until it is put, or a later revision is to be.
-                while let Err(e) = acker.acknowledge(revision).await {
+                while let Err(e) = c.acknowledge(revision).await {
                     tracing::debug!("cluster: acknowledging raises: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     if acked.has_changed().unwrap_or(true) {
@@ -308,38 +307,13 @@ impl Gate {
                 }
             }
         });
-        let follower = gate.clone();
-        tokio::spawn(c.clone().follow_raises(move |seen| {
-            let Some(gate) = follower.upgrade() else {
-                return;
-            };
-            match seen {
-                Seen::Raised(resource, token) => {
-                    if let Some(slot) = gate.slots.get(resource).map(|s| s.clone()) {
-                        gate.note_raise(&slot, token);
-                        if slot.lock().owned.is_some() {
-                            owned_raise.store(true, Ordering::SeqCst);
-                        }
-                    }
-                }
-                Seen::Through(revision) => {
-                    if owned_raise.swap(false, Ordering::SeqCst) {
-                        acks.send_replace(revision);
-                    }
-                }
-                Seen::Gap => {
-                    let acks = acks.clone();
-                    tokio::spawn(async move {
-                        let Ok(revision) = gate.cluster.as_ref().expect("cluster").revision().await
-                        else {
-                            return;
-                        };
-                        gate.reread_busy_fences().await;
-                        acks.send_replace(revision);
-                    });
-                }
-            }
-        }));
+        Arc::new(acks)
+    }
+
+    /// Cluster mode with owners: lets idle resources go every
+    /// [`IDLE_SWEEP`], for as long as the gate lives.
+    pub(super) fn sweep_idle(self: &Arc<Self>) {
+        let gate = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(IDLE_SWEEP).await;
