@@ -14,7 +14,9 @@
 //!   once the owner has applied it, however late the owner hears of it;
 //! - a DeleteObjects goes to the owner of its keys' resources;
 //! - replicas whose S3 listener is HTTPS forward to each other over TLS,
-//!   trusting `peer_ca_file`.
+//!   trusting `peer_ca_file`;
+//! - an idle resource is let go, and taken by the next writer elsewhere
+//!   without a wait.
 //!
 //! The owner killed, paused past its lease, or cut off from etcd with a
 //! write admitted locally are `tests/cluster.rs`'s tests: the first write
@@ -394,5 +396,40 @@ async fn replicas_forward_to_each_other_over_tls() {
     assert_eq!(
         metric(&fg[1], "fencegate_cluster_forwarded_total").await,
         2.0
+    );
+}
+
+/// A resource left idle is let go by its owner: the next write, at another
+/// replica, takes it there (no forward), and without the wait that follows
+/// an owner's death (the default quarantine is longer than the admission
+/// bound: a wait would answer 503).
+#[tokio::test]
+async fn an_idle_resource_is_let_go_and_taken_by_the_next_writer() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
+    let (a, b) = (
+        RawClient::new(&fg[0].endpoint()),
+        RawClient::new(&fg[1].endpoint()),
+    );
+    let put = |t: u64| RawRequest::put("/demo/idle", format!("v{t}")).token(t);
+    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
+    // Two idle sweeps (5 s each) and a margin.
+    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    let r = b.send(put(3)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(metric(&fg[1], "fencegate_cluster_takes_total").await, 1.0);
+    assert_eq!(
+        metric(&fg[1], "fencegate_cluster_forwarded_total").await,
+        0.0
+    );
+    // A, which let it go, now forwards to B, and the fence moved with it.
+    assert_eq!(
+        a.send(put(2)).await.unwrap().code(),
+        Some("StaleFencingToken")
+    );
+    assert_eq!(
+        metric(&fg[0], "fencegate_cluster_forwarded_total").await,
+        1.0
     );
 }
