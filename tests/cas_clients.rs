@@ -1,9 +1,11 @@
 //! Real clients that fence themselves with conditional writes, through
-//! fencegate on Garage (which ignores every condition), each run by
+//! fencegate on its embedded default store (what `scripts/run` gives a new
+//! user) and on Garage (which ignores every condition), each run by
 //! `tests/cas/cas_clients.py` with the client from PyPI, unmodified:
 //!
 //! - delta-rs: processes appending to one table at once lose no
-//!   acknowledged commit;
+//!   acknowledged commit, and the table reads back (ranged reads of whole
+//!   objects, which must be `206`);
 //! - SlateDB: of two writers opening one database at once, exactly one is
 //!   fenced, and no write either was told is durable is lost;
 //! - Terraform's S3 state lock (`use_lockfile`): a second apply is refused
@@ -15,6 +17,7 @@
 
 mod common;
 
+use common::Store;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -31,10 +34,14 @@ fn python() -> PathBuf {
     venv
 }
 
-/// Runs one scenario of the script against fencegate on a fresh Garage.
-fn run(args: &[&str]) {
-    let garage = common::garage::Garage::start();
-    let fg = common::fencegate::Fencegate::start(garage.backend(), UNFENCED);
+/// Runs one scenario of the script against fencegate on a fresh `store`.
+fn run(store: Store, args: &[&str]) {
+    let running = store.start(UNFENCED);
+    let fg = &running.fg;
+    if running.garage.is_none() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo"));
+    }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cas/cas_clients.py");
     let scratch = common::scratch_dir();
     let out = Command::new(python())
@@ -53,10 +60,10 @@ fn run(args: &[&str]) {
     );
     assert!(
         out.status.success(),
-        "{args:?}:\n{}",
+        "{store:?} {args:?}:\n{}",
         common::tail(&text, 60)
     );
-    println!("{text}");
+    println!("{store:?}: {text}");
 }
 
 /// A size: the short slice's, or under `scripts/cas-clients`
@@ -68,19 +75,40 @@ fn size(short: u32, name: &str, full: u32) -> String {
     std::env::var(name).unwrap_or_else(|_| full.to_string())
 }
 
-#[test]
-fn delta_rs_appenders_lose_no_acknowledged_commit() {
+/// Each scenario on both stores: `name::embedded` and `name::garage`.
+macro_rules! on_both_stores_sync {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn embedded() {
+                    super::$name(super::Store::Embedded)
+                }
+                #[test]
+                fn garage() {
+                    super::$name(super::Store::Garage)
+                }
+            }
+        )*
+    };
+}
+
+on_both_stores_sync!(
+    delta_rs_appenders_lose_no_acknowledged_commit,
+    slatedb_writers_opening_at_once_leave_exactly_one,
+    terraform_state_lock_refuses_a_second_apply,
+);
+
+fn delta_rs_appenders_lose_no_acknowledged_commit(store: Store) {
     let processes = size(4, "CAS_DELTA_PROCESSES", 8);
     let appends = size(5, "CAS_DELTA_APPENDS", 20);
-    run(&["delta", &processes, &appends]);
+    run(store, &["delta", &processes, &appends]);
 }
 
-#[test]
-fn slatedb_writers_opening_at_once_leave_exactly_one() {
-    run(&["slatedb", &size(2, "CAS_SLATEDB_ROUNDS", 10)]);
+fn slatedb_writers_opening_at_once_leave_exactly_one(store: Store) {
+    run(store, &["slatedb", &size(2, "CAS_SLATEDB_ROUNDS", 10)]);
 }
 
-#[test]
-fn terraform_state_lock_refuses_a_second_apply() {
-    run(&["terraform"]);
+fn terraform_state_lock_refuses_a_second_apply(store: Store) {
+    run(store, &["terraform"]);
 }

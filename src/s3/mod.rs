@@ -12,6 +12,7 @@ pub mod multi_delete;
 pub mod names;
 pub mod op;
 pub mod query;
+pub mod range;
 pub mod sign;
 pub mod sigv4;
 pub mod xml;

@@ -75,28 +75,24 @@ impl ReadConditions {
 }
 
 /// What a GET or HEAD reads: the record, once its version and conditions
-/// have passed, and the bytes asked for (`whole` when that is all of them).
+/// have passed, and the bytes asked for.
 struct Selected {
     record: ObjectRecord,
-    range: std::ops::Range<u64>,
-    whole: bool,
+    bytes: Bytes,
 }
 
 impl Selected {
     fn content_length(&self) -> i64 {
-        (self.range.end - self.range.start) as i64
+        (self.bytes.range.end - self.bytes.range.start) as i64
     }
 
+    /// `Content-Range` (and with it `206`) for every read of a range or a
+    /// part, also one that covers the whole object, as S3 answers.
     fn content_range(&self) -> Option<String> {
-        let r = &self.range;
-        (!self.whole).then(|| {
-            format!(
-                "bytes {}-{}/{}",
-                r.start,
-                r.end.max(1) - 1,
-                self.record.size
-            )
-        })
+        let r = &self.bytes.range;
+        self.bytes
+            .partial
+            .then(|| format!("bytes {}-{}/{}", r.start, r.end - 1, self.record.size))
     }
 }
 
@@ -114,12 +110,8 @@ impl Store {
         let record = self.object(bucket, key).await?;
         let modified = timestamp(record.last_modified_ms);
         conditions.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
-        let (range, whole) = byte_range(&record, range, part)?;
-        Ok(Selected {
-            record,
-            range,
-            whole,
-        })
+        let bytes = byte_range(&record, range, part)?;
+        Ok(Selected { record, bytes })
     }
 
     pub(super) async fn get_object(
@@ -148,7 +140,7 @@ impl Store {
             .map(|s| (s.blob, s.offset, s.len))
             .collect();
         let reading = self.blobs.hold_for_read(record.blobs().collect());
-        let stream = self.blobs.read(segments, sel.range.start, sel.range.end);
+        let stream = (self.blobs).read(segments, sel.bytes.range.start, sel.bytes.range.end);
         let stream = futures_util::StreamExt::map(stream, move |piece| {
             let _still_reading = &reading;
             piece
@@ -163,7 +155,7 @@ impl Store {
         describe(
             record,
             &mut out,
-            sel.whole && checksum_wanted(input.checksum_mode.as_ref()),
+            sel.bytes.checksums && checksum_wanted(input.checksum_mode.as_ref()),
         );
         Ok(S3Response::new(out))
     }
@@ -191,7 +183,7 @@ impl Store {
         describe(
             &sel.record,
             &mut got,
-            sel.whole && checksum_wanted(input.checksum_mode.as_ref()),
+            sel.bytes.checksums && checksum_wanted(input.checksum_mode.as_ref()),
         );
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(sel.content_length()),
@@ -223,13 +215,33 @@ fn checksum_wanted(mode: Option<&ChecksumMode>) -> bool {
     mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
 }
 
+/// The bytes a read picks, and how it is answered.
+#[derive(Debug, PartialEq)]
+struct Bytes {
+    range: std::ops::Range<u64>,
+    /// Answered `206` with `Content-Range`: every satisfiable `Range`, and
+    /// every `partNumber` of an object that has bytes.
+    partial: bool,
+    /// The object's checksums may go with it: no `Range`, and all of it.
+    checksums: bool,
+}
+
 /// The bytes a read asks for (a `Range`, or a part of a multipart
-/// object), and whether that is the whole object.
-fn byte_range(
-    record: &ObjectRecord,
-    range: Option<&Range>,
-    part: Option<i32>,
-) -> S3Result<(std::ops::Range<u64>, bool)> {
+/// object), as S3 answers them:
+/// - a `Range` that starts inside the object is `206`, clamped to its end,
+///   even when it covers all of it (object_store, and with it delta-rs and
+///   SlateDB, refuse a `200` to a ranged read);
+/// - one that starts at or past the end, or any int range of an empty
+///   object, is `416` with `Content-Range: bytes */SIZE`;
+/// - a suffix range of an empty object is `200` and no bytes, as S3
+///   answers it;
+/// - `partNumber` is a range over that part (`206`, S3 answers so also for
+///   part 1 of an object uploaded whole), unless the part is empty.
+///
+/// A malformed `Range` never gets here: s3s refuses it, and fencegate drops
+/// it before forwarding (S3 ignores it), so through fencegate it is `200`.
+fn byte_range(record: &ObjectRecord, range: Option<&Range>, part: Option<i32>) -> S3Result<Bytes> {
+    let size = record.size;
     if let Some(n) = part {
         if range.is_some() {
             return Err(s3_error!(
@@ -238,7 +250,7 @@ fn byte_range(
             ));
         }
         let sizes: &[u64] = if record.parts.is_empty() {
-            &[record.size]
+            &[size]
         } else {
             &record.parts
         };
@@ -248,22 +260,43 @@ fn byte_range(
         let i = i.ok_or_else(|| s3_error!(InvalidPart, "the object has {} parts", sizes.len()))?;
         let start: u64 = sizes[..i - 1].iter().sum();
         let r = start..start + sizes[i - 1];
-        let whole = r.start == 0 && r.end == record.size;
-        return Ok((r, whole));
+        return Ok(Bytes {
+            checksums: r.start == 0 && r.end == size,
+            partial: r.end > r.start,
+            range: r,
+        });
     }
+    let whole = Bytes {
+        range: 0..size,
+        partial: false,
+        checksums: true,
+    };
     match range {
-        None => Ok((0..record.size, true)),
-        Some(r) => {
-            let r = r.check(record.size).map_err(|_| {
-                s3_error!(
-                    InvalidRange,
-                    "the range is not within the object's {} bytes",
-                    record.size
-                )
-            })?;
-            let whole = r.start == 0 && r.end == record.size;
-            Ok((r, whole))
-        }
+        None => Ok(whole),
+        Some(Range::Suffix { length }) if *length > 0 && size == 0 => Ok(Bytes {
+            checksums: false,
+            ..whole
+        }),
+        Some(r) => match r.check(size) {
+            Ok(range) => Ok(Bytes {
+                range,
+                partial: true,
+                checksums: false,
+            }),
+            Err(_) => {
+                let mut e = S3Error::with_message(
+                    S3ErrorCode::InvalidRange,
+                    format!("the range is not within the object's {size} bytes"),
+                );
+                let mut headers = http::HeaderMap::new();
+                headers.insert(
+                    http::header::CONTENT_RANGE,
+                    http::HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
+                );
+                e.set_headers(headers);
+                Err(e)
+            }
+        },
     }
 }
 
@@ -448,15 +481,70 @@ mod tests {
         }
     }
 
+    /// An answer of `byte_range`: (first, end, partial), or the status.
+    type Answer = Result<(u64, u64, bool), u16>;
+
+    fn read(size: u64, parts: &[u64], range: Option<&str>, part: Option<i32>) -> Answer {
+        let r = ObjectRecord {
+            size,
+            parts: parts.to_vec(),
+            ..record()
+        };
+        let range = range.map(|h| Range::parse(h).unwrap());
+        byte_range(&r, range.as_ref(), part)
+            .map(|b| (b.range.start, b.range.end, b.partial))
+            .map_err(|e| e.status_code().map_or(0, |s| s.as_u16()))
+    }
+
+    /// The table of issue #39 and RFC 9110 §14's edge cases, for a
+    /// 3,893-byte object and an empty one.
     #[test]
-    fn parts_and_ranges_pick_their_bytes() {
-        let r = record();
-        assert_eq!(byte_range(&r, None, Some(2)).unwrap(), (4..10, false));
-        assert_eq!(byte_range(&r, None, Some(1)).unwrap(), (0..4, false));
-        assert!(byte_range(&r, None, Some(3)).is_err());
-        let last3 = Range::parse("bytes=-3").unwrap();
-        assert_eq!(byte_range(&r, Some(&last3), None).unwrap(), (7..10, false));
-        let all = Range::parse("bytes=0-").unwrap();
-        assert_eq!(byte_range(&r, Some(&all), None).unwrap(), (0..10, true));
+    fn ranges_answer_as_s3_does() {
+        let n = 3893;
+        let cases: &[(u64, &str, Answer)] = &[
+            (n, "bytes=0-9", Ok((0, 10, true))),
+            (n, "bytes=-8", Ok((n - 8, n, true))),
+            (n, "bytes=0-3892", Ok((0, n, true))),
+            (n, "bytes=0-999999", Ok((0, n, true))),
+            (n, "bytes=0-", Ok((0, n, true))),
+            (n, "bytes=-99999", Ok((0, n, true))),
+            (n, "bytes=3892-", Ok((n - 1, n, true))),
+            (n, "bytes=3892-3892", Ok((n - 1, n, true))),
+            (n, "bytes=3893-", Err(416)),
+            (n, "bytes=3893-4000", Err(416)),
+            (n, "bytes=-0", Err(416)),
+            (0, "bytes=0-", Err(416)),
+            (0, "bytes=0-0", Err(416)),
+            (0, "bytes=-1", Ok((0, 0, false))),
+        ];
+        for (size, h, want) in cases {
+            assert_eq!(
+                &read(*size, &[], Some(h), None),
+                want,
+                "{h} of {size} bytes"
+            );
+        }
+        let e = byte_range(
+            &ObjectRecord {
+                size: n,
+                ..record()
+            },
+            Some(&Range::parse("bytes=3893-").unwrap()),
+            None,
+        )
+        .unwrap_err();
+        let cr = e.headers().and_then(|h| h.get(http::header::CONTENT_RANGE));
+        assert_eq!(cr.unwrap(), "bytes */3893");
+    }
+
+    #[test]
+    fn parts_are_ranges_of_their_own() {
+        assert_eq!(read(10, &[4, 6], None, Some(2)), Ok((4, 10, true)));
+        assert_eq!(read(10, &[4, 6], None, Some(1)), Ok((0, 4, true)));
+        assert_eq!(read(10, &[4, 6], None, Some(3)), Err(400));
+        // Part 1 of an object uploaded whole is all of it, still a range.
+        assert_eq!(read(10, &[], None, Some(1)), Ok((0, 10, true)));
+        assert_eq!(read(0, &[], None, Some(1)), Ok((0, 0, false)));
+        assert_eq!(read(10, &[], Some("bytes=0-1"), Some(1)), Err(400));
     }
 }

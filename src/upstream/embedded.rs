@@ -67,12 +67,31 @@ pub async fn serve(listener: TcpListener, store: Store, access_key_id: String, s
         };
         let _ = sock.set_nodelay(true);
         let service = service.clone();
+        let service = hyper::service::service_fn(move |req: http::Request<_>| {
+            let head = req.method() == http::Method::HEAD;
+            let s3 = service.clone();
+            async move {
+                Ok::<_, s3s::HttpError>(ranged_head(head, s3.call(req.map(s3s::Body::from)).await?))
+            }
+        });
         tokio::spawn(async move {
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(sock), service)
                 .await;
         });
     }
+}
+
+/// A HEAD of a range is `206`, as its GET is and as S3 answers it: s3s
+/// writes the `Content-Range` of a HEAD but leaves its status `200`.
+fn ranged_head(head: bool, mut resp: s3s::HttpResponse) -> s3s::HttpResponse {
+    if head
+        && resp.status() == http::StatusCode::OK
+        && resp.headers().contains_key(http::header::CONTENT_RANGE)
+    {
+        *resp.status_mut() = http::StatusCode::PARTIAL_CONTENT;
+    }
+    resp
 }
 
 /// Starts the embedded store on `data_dir` and returns how to reach it,

@@ -10,8 +10,9 @@ an S3 endpoint (fencegate in front of a store that ignores conditions).
   each to one table at once; every commit a writer was told succeeded must
   be in the table, once.
 - slatedb: ROUNDS times, two SlateDB writers open one database at the same
-  moment and write; exactly one is fenced, and every write either was told
-  was durable reads back.
+  moment and write; exactly one is fenced, the fenced one (the zombie)
+  cannot write again, and on reopening every write either was told was
+  durable reads back and the zombie's is not there.
 - terraform: while one `terraform apply` holds the S3 state lock
   (`use_lockfile`, a PUT with If-None-Match), a second one is refused the
   lock; once the first is done, the second gets it.
@@ -121,13 +122,28 @@ def slate_writer(args):
             except Error.Closed as e:
                 if e.reason != CloseReason.FENCED:
                     raise
-                return name, durable, True
+                # The zombie: once fenced, a write it tries again must be
+                # refused, never made durable.
+                zombie = f"{name}-zombie".encode()
+                try:
+                    await db.put(zombie, zombie)
+                    await db.flush()
+                except Error.Closed:
+                    return name, durable, True
+                raise RuntimeError(f"writer {name}: fenced, yet its next write was flushed")
             durable.append(key)
             await asyncio.sleep(0.02)
         await db.shutdown()
         return name, durable, False
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except BaseException as e:
+        # SlateDB's errors cannot be unpickled in the parent (a worker's
+        # exception crosses the process pool pickled): send the reason as
+        # text, or the parent reports a pickling error instead of it.
+        reason = getattr(e, "reason", None)
+        raise RuntimeError(f"writer {name}: {type(e).__name__} (reason {reason}): {e}") from None
 
 
 def slatedb(rounds):
@@ -158,7 +174,12 @@ def slatedb(rounds):
               + ", ".join(f"{n} wrote {len(k)}" for n, k, _ in results), flush=True)
         if len(fenced) != 1:
             fail(f"slatedb round {r}: {len(fenced)} writers were fenced, not exactly one")
+        zombies = [f"{n}-zombie".encode() for n in fenced]
         missing = asyncio.run(read(path, durable))
+        absent = asyncio.run(read(path, zombies))
+        seen = [k for k in zombies if k not in absent]
+        if seen:
+            fail(f"slatedb round {r}: a fenced writer's later write is in the database: {seen}")
         if missing:
             fail(f"slatedb round {r}: {len(missing)} writes acknowledged as durable are "
                  f"gone: {missing[:10]}")

@@ -175,7 +175,7 @@ pub async fn http_call(
 /// The real stores the store-facing tests run against.
 #[derive(Clone, Copy, Debug)]
 pub enum Store {
-    /// s3s-fs inside fencegate.
+    /// fencegate's own embedded store (the default backend).
     Embedded,
     /// A Garage process.
     Garage,
