@@ -32,6 +32,12 @@ pub enum Command {
     /// Exits with the command's status, 69 if the lock could not be taken,
     /// 75 if it was lost while the command ran (the command is then stopped).
     Lock(LockArgs),
+    /// Issue session credentials bound to a fencing token you hold (from
+    /// FENCING_TOKEN, as `fencegate lock` sets it): every request a program
+    /// signs with them carries the token, with no change to the program.
+    /// Printed as shell exports (default), as the JSON of the aws CLI's
+    /// `credential_process`, or as config-file values.
+    Credentials(CredentialsArgs),
     /// Load generator (SigV4 PUT/GET at a size and concurrency, latency
     /// percentiles), or `bench sink`, an in-memory S3 that discards.
     Bench(crate::bench::BenchArgs),
@@ -103,9 +109,68 @@ pub struct LockArgs {
     /// Lock name (etcd), lock directory such as /locks/orders (ZooKeeper), or
     /// lock key (Redis), or lock name (PostgreSQL).
     pub name: String,
+    /// Give the command session credentials bound to the lock's token:
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and
+    /// AWS_ENDPOINT_URL (--s3-url) in its environment, asked of the admin
+    /// API (--admin, --admin-token).
+    #[arg(long)]
+    pub credentials: bool,
+    #[command(flatten)]
+    pub issue: IssueArgs,
     /// The command to run under the lock, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+/// Where and how session credentials are asked for.
+#[derive(Debug, Clone, Args)]
+pub struct IssueArgs {
+    /// fencegate's admin API, which issues the credentials.
+    #[arg(
+        long = "admin",
+        env = "FENCEGATE_ADMIN_URL",
+        default_value = "http://127.0.0.1:9001"
+    )]
+    pub admin_url: String,
+    /// The admin API's bearer token.
+    #[arg(long, env = "FENCEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// fencegate's S3 URL, given to the program as AWS_ENDPOINT_URL.
+    #[arg(long = "s3-url", env = "FENCEGATE_S3_URL")]
+    pub s3_url: Option<String>,
+    /// What the credentials reach: BUCKET, BUCKET/PREFIX or * (the
+    /// default); repeatable.
+    #[arg(long)]
+    pub scope: Vec<String>,
+    /// Lifetime of the credentials in seconds (default: the server's
+    /// sessions.default_ttl_secs; at most its sessions.max_ttl_secs).
+    #[arg(long = "credentials-ttl")]
+    pub ttl: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct CredentialsArgs {
+    /// The fencing token the credentials carry.
+    #[arg(long, env = "FENCING_TOKEN")]
+    pub token: u64,
+    /// The lock the token came from (shown in refusals and logs).
+    #[arg(long, env = "FENCING_LOCK_KEY", default_value = "")]
+    pub lock: String,
+    /// How to print them.
+    #[arg(long, value_enum, default_value_t = CredentialsFormat::Env)]
+    pub format: CredentialsFormat,
+    #[command(flatten)]
+    pub issue: IssueArgs,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CredentialsFormat {
+    /// `export AWS_...=...` lines for a shell's `eval`.
+    Env,
+    /// The JSON of the aws `credential_process` setting (Version 1).
+    Process,
+    /// `aws_access_key_id = ...` lines for an aws config or credentials file.
+    Values,
 }
 
 #[derive(Debug, Args)]

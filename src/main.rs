@@ -2,7 +2,10 @@
 
 use clap::Parser;
 use fencegate::admin::client::{self, FenceCommand};
-use fencegate::cli::{Cli, Command, FencesAction, FencesArgs, LockArgs, ServeArgs};
+use fencegate::cli::{
+    Cli, Command, CredentialsArgs, CredentialsFormat, FencesAction, FencesArgs, IssueArgs,
+    LockArgs, ServeArgs,
+};
 use fencegate::config::LogFormat;
 use std::process::ExitCode;
 
@@ -19,6 +22,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
         Some(Command::Fences(f)) => fences(f, cli.serve),
         Some(Command::Lock(l)) => lock(l),
+        Some(Command::Credentials(c)) => credentials(c),
         Some(Command::Bench(b)) => bench(b),
         None => serve(cli.serve),
     }
@@ -191,6 +195,7 @@ fn lock(a: LockArgs) -> ExitCode {
         ttl: Duration::from_secs(a.ttl),
         timeout: a.timeout.map(Duration::from_secs_f64),
         kill_grace: Duration::from_secs(a.kill_grace),
+        extra_env: a.credentials.then(|| credentials_env(a.issue)),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -198,6 +203,69 @@ fn lock(a: LockArgs) -> ExitCode {
         .expect("runtime");
     let code = rt.block_on(helper::run(spec, a.command));
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// `fencegate lock --credentials`: once the lock is held, session
+/// credentials bound to its token, as the command's environment.
+fn credentials_env(issue: IssueArgs) -> fencegate::locks::helper::ExtraEnv {
+    Box::new(move |token, lock| {
+        Box::pin(async move {
+            let got = client::issue(
+                &issue.admin_url,
+                issue.admin_token.as_deref(),
+                token,
+                &lock,
+                &issue.scope,
+                issue.ttl,
+            )
+            .await
+            .map_err(|e| format!("cannot get credentials for token {token}: {e}"))?;
+            let env = got.env(issue.s3_url.as_deref());
+            Ok(env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        })
+    })
+}
+
+/// `fencegate credentials`: issue, then print in the asked form.
+fn credentials(c: CredentialsArgs) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let i = &c.issue;
+    let asked = client::issue(
+        &i.admin_url,
+        i.admin_token.as_deref(),
+        c.token,
+        &c.lock,
+        &i.scope,
+        i.ttl,
+    );
+    let got = match rt.block_on(asked) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("fencegate credentials: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match c.format {
+        CredentialsFormat::Env => {
+            for (k, v) in got.env(i.s3_url.as_deref()) {
+                println!("export {k}='{v}'");
+            }
+        }
+        CredentialsFormat::Process => println!("{}", got.process_json()),
+        CredentialsFormat::Values => {
+            println!("aws_access_key_id = {}", got.access_key_id);
+            println!("aws_secret_access_key = {}", got.secret_access_key);
+            println!("aws_session_token = {}", got.session_token);
+        }
+    }
+    eprintln!(
+        "fencegate credentials: {} carries fencing token {} until {}",
+        got.access_key_id, got.fencing_token, got.expiration
+    );
+    ExitCode::SUCCESS
 }
 
 fn bench(b: fencegate::bench::BenchArgs) -> ExitCode {

@@ -199,7 +199,11 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         let bucket = cfg.backend.probe_bucket.clone();
         probe.spawn(upstream.clone(), bucket, Duration::from_secs(60));
     }
-    let proxy = Arc::new(Proxy::new(cfg, gate.clone(), upstream).map_err(StartError)?);
+    let sessions = crate::s3::session::keys_from_config(cfg)
+        .map_err(StartError)?
+        .map(Arc::new);
+    let proxy = Proxy::new(cfg, gate.clone(), upstream, sessions.clone()).map_err(StartError)?;
+    let proxy = Arc::new(proxy);
     let admin = Arc::new(Admin {
         gate,
         metrics,
@@ -207,6 +211,11 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         backend_addr,
         probe,
         store,
+        sessions: sessions.map(|keys| crate::s3::session::Issuer {
+            keys,
+            max_ttl_secs: cfg.sessions.max_ttl_secs,
+            default_ttl_secs: cfg.sessions.default_ttl_secs,
+        }),
     });
     Ok(Services {
         proxy,

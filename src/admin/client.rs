@@ -68,6 +68,71 @@ pub async fn run(base: &str, token: Option<&str>, cmd: FenceCommand) -> Result<b
     Ok(status.is_success())
 }
 
+/// Session credentials as the admin API issues them (`POST /credentials`).
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Issued {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: String,
+    pub expiration: String,
+    pub fencing_token: u64,
+}
+
+impl Issued {
+    /// The variables a program reads them from: the AWS SDKs' (and aws
+    /// CLI's, rclone's with `env_auth`, restic's, object_store's...).
+    pub fn env(&self, s3_url: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("AWS_ACCESS_KEY_ID", self.access_key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_access_key.clone()),
+            ("AWS_SESSION_TOKEN", self.session_token.clone()),
+        ];
+        if let Some(u) = s3_url {
+            v.push(("AWS_ENDPOINT_URL", u.to_string()));
+        }
+        v
+    }
+
+    /// The JSON of the aws `credential_process` setting.
+    pub fn process_json(&self) -> String {
+        serde_json::json!({
+            "Version": 1,
+            "AccessKeyId": self.access_key_id,
+            "SecretAccessKey": self.secret_access_key,
+            "SessionToken": self.session_token,
+            "Expiration": self.expiration,
+        })
+        .to_string()
+    }
+}
+
+/// Asks the admin API at `base` for credentials bound to `token`.
+pub async fn issue(
+    base: &str,
+    admin_token: Option<&str>,
+    token: u64,
+    lock: &str,
+    scope: &[String],
+    ttl_secs: Option<u64>,
+) -> Result<Issued, String> {
+    let base = base.trim_end_matches('/');
+    let body =
+        serde_json::json!({"token": token, "lock": lock, "scope": scope, "ttl_secs": ttl_secs});
+    let (status, body) = request(
+        base,
+        admin_token,
+        Method::POST,
+        "/credentials",
+        Some(body.to_string()),
+    )
+    .await?;
+    if !status.is_success() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("the admin API's answer: {e}"))
+}
+
 /// One call to the admin API: status and body.
 async fn request(
     base: &str,

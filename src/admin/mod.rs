@@ -10,6 +10,10 @@
 //! - `GET /fences/{resource}`: one fence;
 //! - `POST /fences/{resource}` with `{"token": N}` and
 //!   `Authorization: Bearer <admin token>`: raise by hand (never lowers);
+//! - `POST /credentials` with `{"token": N, "lock": L, "scope": [..],
+//!   "ttl_secs": S}` and the admin bearer token: session credentials
+//!   bound to the token (`s3::session`, docs/credentials.md), answered in
+//!   the JSON of AWS's `credential_process`;
 //! - `GET /metrics`: Prometheus text.
 
 pub mod client;
@@ -20,6 +24,7 @@ use crate::body::{ProxyBody, full};
 use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
 use crate::s3::query;
+use crate::s3::session::{Issuer, rfc3339};
 use crate::s3::sigv4::same_signature;
 use crate::store::Store;
 use crate::upstream::probe::Probe;
@@ -45,6 +50,8 @@ pub struct Admin {
     pub probe: Arc<Probe>,
     /// The embedded store, when it is the backend (for readiness).
     pub store: Option<Store>,
+    /// Issues session credentials; none when sessions are off.
+    pub sessions: Option<Issuer>,
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ProxyBody> {
@@ -73,6 +80,7 @@ impl Admin {
                 None => json(StatusCode::NOT_FOUND, json!({"error": "metrics are off"})),
             },
             (&Method::GET, "/fences") => self.list(req.uri().query()).await,
+            (&Method::POST, "/credentials") => self.credentials(req).await,
             (_, p) if p.starts_with("/fences/") => {
                 let resource = percent_decode_str(&p["/fences/".len()..])
                     .decode_utf8_lossy()
@@ -179,12 +187,17 @@ impl Admin {
         }
     }
 
-    async fn raise(&self, resource: &str, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// The admin bearer token's check: `Err` is the answer to send.
+    fn authorized(
+        &self,
+        req: &Request<Incoming>,
+        what: &str,
+    ) -> Result<(), Box<Response<ProxyBody>>> {
         let Some(expected) = &self.admin_token else {
-            return json(
+            return Err(Box::new(json(
                 StatusCode::FORBIDDEN,
-                json!({"error": "no admin token is configured (server.admin_token); raising by hand is off"}),
-            );
+                json!({"error": format!("no admin token is configured (server.admin_token); {what} is off")}),
+            )));
         };
         let given = req
             .headers()
@@ -201,7 +214,14 @@ impl Admin {
                 http::header::WWW_AUTHENTICATE,
                 http::HeaderValue::from_static("Bearer"),
             );
-            return r;
+            return Err(Box::new(r));
+        }
+        Ok(())
+    }
+
+    async fn raise(&self, resource: &str, req: Request<Incoming>) -> Response<ProxyBody> {
+        if let Err(r) = self.authorized(&req, "raising by hand") {
+            return *r;
         }
         let body = match Limited::new(req.into_body(), 4096).collect().await {
             Ok(b) => b.to_bytes(),
@@ -241,5 +261,75 @@ impl Admin {
                 json!({"error": e.to_string()}),
             ),
         }
+    }
+
+    /// `POST /credentials`: session credentials for a token the caller
+    /// holds. The answer is the only place their secret and session token
+    /// appear; the log line names the access key id, token, lock and scope.
+    async fn credentials(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        if let Err(r) = self.authorized(&req, "issuing credentials") {
+            return *r;
+        }
+        let Some(issuer) = &self.sessions else {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "session credentials are off: in cluster mode every replica \
+                                 needs the same [sessions] key_file"}),
+            );
+        };
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Ask {
+            token: u64,
+            #[serde(default)]
+            lock: String,
+            #[serde(default)]
+            scope: Vec<String>,
+            ttl_secs: Option<u64>,
+        }
+        let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return json(StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+        };
+        let ask: Ask = match serde_json::from_slice(&body) {
+            Ok(a) => a,
+            Err(e) => {
+                return json(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("expected {{\"token\": N, \"lock\": NAME, \"scope\": \
+                                             [\"bucket/prefix\", ...], \"ttl_secs\": S}}: {e}")}),
+                );
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let issued = match issuer.issue(ask.token, &ask.lock, &ask.scope, ask.ttl_secs, now) {
+            Ok(i) => i,
+            Err(e) => return json(StatusCode::BAD_REQUEST, json!({"error": e})),
+        };
+        let s = &issued.session;
+        let scope: Vec<String> = s.scope.iter().map(|x| x.to_string()).collect();
+        tracing::info!(
+            access_key_id = %issued.access_key_id,
+            token = s.token,
+            lock = %s.lock,
+            scope = %scope.join(","),
+            expires = s.expires,
+            "session credential issued"
+        );
+        json(
+            StatusCode::OK,
+            json!({
+                "Version": 1,
+                "AccessKeyId": issued.access_key_id,
+                "SecretAccessKey": issued.secret_access_key,
+                "SessionToken": issued.session_token,
+                "Expiration": rfc3339(s.expires),
+                "FencingToken": s.token,
+                "Lock": s.lock,
+                "Scope": scope,
+            }),
+        )
     }
 }

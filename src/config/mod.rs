@@ -38,6 +38,36 @@ pub struct Config {
     pub eager: Vec<EagerConfig>,
     /// Cluster mode: fences shared with other replicas through etcd.
     pub cluster: Option<ClusterConfig>,
+    /// Session credentials that carry a fencing token.
+    pub sessions: SessionsConfig,
+}
+
+/// `[sessions]`: credentials fencegate issues bound to a lock's token, a
+/// scope and an expiry (docs/credentials.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    /// The issuing key (at least 32 characters). Unset: one node makes
+    /// `<data_dir>/session.key` on first start; in cluster mode sessions
+    /// are off unless every replica names the same file here.
+    pub key_file: Option<PathBuf>,
+    /// Keys that still verify, after a rotation (none issues).
+    pub previous_key_files: Vec<PathBuf>,
+    /// Longest lifetime of a credential, in seconds.
+    pub max_ttl_secs: u64,
+    /// Lifetime when the caller names none.
+    pub default_ttl_secs: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            key_file: None,
+            previous_key_files: Vec::new(),
+            max_ttl_secs: 12 * 3600,
+            default_ttl_secs: 3600,
+        }
+    }
 }
 
 /// `[cluster]`: run as one of several interchangeable replicas whose fence
@@ -318,6 +348,7 @@ impl Default for Config {
             locks: Default::default(),
             eager: Vec::new(),
             cluster: None,
+            sessions: SessionsConfig::default(),
         }
     }
 }
@@ -430,6 +461,7 @@ impl Config {
         if let Some(c) = &self.cluster {
             validate::cluster(c, &self.backend)?;
         }
+        validate::sessions(&self.sessions)?;
         locks::validate(&self.locks, &self.eager)
     }
 

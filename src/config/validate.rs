@@ -5,7 +5,7 @@
 
 use super::{
     BackendConfig, BackendKind, ClusterConfig, ConfigError, Credential, DEMO_ACCESS_KEY,
-    DEMO_SECRET_KEY, FenceConfig, RuleConfig, RuleMode, ServerConfig, err,
+    DEMO_SECRET_KEY, FenceConfig, RuleConfig, RuleMode, ServerConfig, SessionsConfig, err,
 };
 use std::collections::HashSet;
 
@@ -228,6 +228,26 @@ pub(super) fn cluster(cluster: &ClusterConfig, backend: &BackendConfig) -> Resul
         return Err(err(
             "cluster.replica_ttl_ms",
             "must be at least 2000 (etcd's shortest lease with its default election timeout)",
+        ));
+    }
+    Ok(())
+}
+
+/// `[sessions]`: lifetimes, and no previous key without a current one.
+pub(super) fn sessions(s: &SessionsConfig) -> Result<(), ConfigError> {
+    if s.max_ttl_secs == 0 {
+        return Err(err("sessions.max_ttl_secs", "must be greater than 0"));
+    }
+    if s.default_ttl_secs == 0 || s.default_ttl_secs > s.max_ttl_secs {
+        return Err(err(
+            "sessions.default_ttl_secs",
+            "must be between 1 and sessions.max_ttl_secs",
+        ));
+    }
+    if s.key_file.is_none() && !s.previous_key_files.is_empty() {
+        return Err(err(
+            "sessions.previous_key_files",
+            "name the current key in sessions.key_file too",
         ));
     }
     Ok(())

@@ -18,6 +18,18 @@ pub const EXIT_NOT_TAKEN: i32 = 69;
 /// The lock was lost while the command ran (sysexits' EX_TEMPFAIL).
 pub const EXIT_LOST: i32 = 75;
 
+/// More of the command's environment, made once the lock is held from its
+/// token and key (`--credentials`: session credentials bound to the
+/// token); an error stops the run before the command starts.
+pub type ExtraEnv = Box<
+    dyn FnOnce(
+            u64,
+            String,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Vec<(String, String)>, String>> + Send>,
+        > + Send,
+>;
+
 /// Where the lock lives and how to hold it.
 pub struct LockSpec {
     pub etcd: Vec<String>,
@@ -32,6 +44,7 @@ pub struct LockSpec {
     pub ttl: Duration,
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
+    pub extra_env: Option<ExtraEnv>,
 }
 
 async fn take(spec: &LockSpec) -> Result<Held, LockError> {
@@ -65,7 +78,7 @@ async fn take(spec: &LockSpec) -> Result<Held, LockError> {
 }
 
 /// Runs `command` under the lock; returns the exit status to use.
-pub async fn run(spec: LockSpec, command: Vec<String>) -> i32 {
+pub async fn run(mut spec: LockSpec, command: Vec<String>) -> i32 {
     let mut held = match take(&spec).await {
         Ok(h) => h,
         Err(e) => {
@@ -79,11 +92,23 @@ pub async fn run(spec: LockSpec, command: Vec<String>) -> i32 {
         spec.name,
         held.key()
     );
+    let extra = match spec.extra_env.take() {
+        None => Vec::new(),
+        Some(make) => match make(token, held.key().to_string()).await {
+            Ok(env) => env,
+            Err(e) => {
+                eprintln!("fencegate lock: {e}");
+                held.release().await;
+                return EXIT_NOT_TAKEN;
+            }
+        },
+    };
     // Its own process group, so that stopping it reaches its children too.
     let child = tokio::process::Command::new(&command[0])
         .args(&command[1..])
         .env("FENCING_TOKEN", token.to_string())
         .env("FENCING_LOCK_KEY", held.key())
+        .envs(extra)
         .process_group(0)
         .spawn();
     let mut child = match child {

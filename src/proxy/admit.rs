@@ -52,6 +52,19 @@ impl Proxy {
                 .extract(&head.headers, query)
                 .map_err(|e| S3Error::InvalidFencingToken(e.to_string()))?
         };
+        // A session credential carries its token: every request signed
+        // with it has that token, and one that says another is refused.
+        let token = match (&verified.session, token) {
+            (Some(s), Some(t)) if t != s.token => {
+                return Err(S3Error::InvalidFencingToken(format!(
+                    "the request's fencing token {t} differs from the token {} of its session \
+                     credential {} (lock {:?})",
+                    s.token, s.access_key_id, s.lock
+                )));
+            }
+            (Some(s), _) => Some(s.token),
+            (None, t) => t,
+        };
         // (No tuple of borrows is held across an await here: that makes the
         // future's Send-ness unprovable to rustc.)
         let upload = match (token, &op.upload_id, &op.bucket, &op.key) {

@@ -56,6 +56,7 @@ use crate::s3::error::S3Error;
 use crate::s3::names;
 use crate::s3::op::{self, Access, Op, Operation};
 use crate::s3::query::{self, Param};
+use crate::s3::session::{Session, SessionKeys};
 use crate::s3::xml;
 use crate::upstream::client::{Upstream, clean_response_headers};
 use bytes::Bytes;
@@ -156,6 +157,46 @@ fn is_presign_param(k: &str) -> bool {
     )
 }
 
+/// Whether a session credential's scope reaches what `op` touches: its
+/// object (and a copy's source), or every key a listing may show (its
+/// `prefix`). DeleteObjects' keys are checked when its body is read.
+fn in_scope(s: &Session, op: &Operation, query: &[Param<'_>]) -> Result<(), S3Error> {
+    let Some(bucket) = &op.bucket else {
+        return Ok(());
+    };
+    let refuse = |what: String| {
+        let scope: Vec<String> = s.scope.iter().map(|x| x.to_string()).collect();
+        Err(S3Error::AccessDenied(format!(
+            "{what} is outside the scope of session credential {} ({}; lock {:?})",
+            s.access_key_id,
+            scope.join(", "),
+            s.lock
+        )))
+    };
+    if !s.allows_bucket(bucket) {
+        return refuse(format!("bucket {bucket}"));
+    }
+    if let Some(key) = &op.key
+        && !s.allows_key(bucket, key)
+    {
+        return refuse(format!("{bucket}/{key}"));
+    }
+    if let Some(src) = &op.copy_source
+        && !s.allows_key(&src.bucket, &src.key)
+    {
+        return refuse(format!("the copy source {}/{}", src.bucket, src.key));
+    }
+    let lists = matches!(
+        op.op,
+        Op::ListObjects | Op::ListObjectsV2 | Op::ListObjectVersions | Op::ListMultipartUploads
+    );
+    let prefix = query::query_param(query, "prefix").unwrap_or_default();
+    if lists && !s.allows_key(bucket, prefix) {
+        return refuse(format!("listing {bucket}/{prefix}"));
+    }
+    Ok(())
+}
+
 /// The key under which an open multipart upload's token is stored.
 fn upload_key(bucket: &str, key: &str, upload_id: &str) -> String {
     format!("{bucket}/{key}\n{upload_id}")
@@ -167,7 +208,14 @@ fn header_name(name: &str) -> http::HeaderName {
 }
 
 impl Proxy {
-    pub fn new(cfg: &Config, gate: Arc<Gate>, upstream: Arc<Upstream>) -> Result<Proxy, String> {
+    /// `sessions`: the keys session credentials are verified with (none:
+    /// they are refused).
+    pub fn new(
+        cfg: &Config,
+        gate: Arc<Gate>,
+        upstream: Arc<Upstream>,
+        sessions: Option<Arc<SessionKeys>>,
+    ) -> Result<Proxy, String> {
         let stamp_header = cfg.fence.stamp_header().map(|h| header_name(&h));
         let peers = match &cfg.cluster {
             Some(c) if c.ownership => Some(to_owner::Peers::new(c.peer_ca_file.as_deref())?),
@@ -175,7 +223,7 @@ impl Proxy {
         };
         Ok(Proxy {
             region: cfg.server.region.clone(),
-            creds: Credentials::new(&cfg.credentials),
+            creds: Credentials::new(&cfg.credentials).with_sessions(sessions),
             resolver: Resolver::new(&cfg.rules),
             carriers: Carriers {
                 header: header_name(&cfg.fence.token_header),
@@ -292,7 +340,7 @@ impl Proxy {
             ctx.forwarded = to_owner::forwarded_epoch(&head.headers);
         }
         let op = self.classify(ctx, &head, &query)?;
-        self.authorize(&verified, &op)?;
+        self.authorize(&verified, &op, &query)?;
         let versioned = query::has_query_param(&query, "versionId");
         let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
@@ -344,7 +392,9 @@ impl Proxy {
             }
             Op::CreateBucket => Box::pin(self.create_bucket_body(&mut out)).await?,
             Op::DeleteObjects => {
-                let more = Box::pin(self.fence_multi_delete(&admitted.op, token, &mut out, ctx));
+                let session = admitted.verified.session.as_deref();
+                let more =
+                    Box::pin(self.fence_multi_delete(&admitted.op, token, session, &mut out, ctx));
                 let multi = more.await?;
                 if let Some((owner, body)) = multi.elsewhere {
                     if admitted.verified.payload.is_chunked() {
@@ -475,8 +525,9 @@ impl Proxy {
         Ok((bucket, key))
     }
 
-    /// Phase 4: the credential's buckets and admin right.
-    fn authorize(&self, v: &Verified, op: &Operation) -> Result<(), S3Error> {
+    /// Phase 4: the credential's buckets and admin right, and a session
+    /// credential's scope.
+    fn authorize(&self, v: &Verified, op: &Operation, query: &[Param<'_>]) -> Result<(), S3Error> {
         let Some(bucket) = &op.bucket else {
             return Ok(());
         };
@@ -499,7 +550,10 @@ impl Proxy {
                 "access key {key_id} may not administer bucket {bucket}"
             )));
         }
-        Ok(())
+        match &v.session {
+            Some(s) => in_scope(s, op, query),
+            None => Ok(()),
+        }
     }
 
     /// Phase 9: the backend's answer to the client.

@@ -20,6 +20,7 @@ use crate::s3::conditions::{Conditions, Failed};
 use crate::s3::error::{S3Error, xml_escape};
 use crate::s3::multi_delete::{Delete, MAX_BODY};
 use crate::s3::op::Operation;
+use crate::s3::session::Session;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -59,12 +60,26 @@ impl Proxy {
         &self,
         op: &Operation,
         token: Option<u64>,
+        session: Option<&Session>,
         out: &mut Outgoing,
         ctx: &mut RequestCtx,
     ) -> Result<MultiDelete, S3Error> {
         let bucket = op.bucket.as_deref().unwrap_or_default();
         let body = read_body(out, MAX_BODY, "DeleteObjects").await?;
         let mut delete = Delete::parse(&body)?;
+        // All or nothing, as for the fence: one key outside a session
+        // credential's scope refuses the whole request.
+        if let Some(s) = session
+            && let Some(o) = delete
+                .objects
+                .iter()
+                .find(|o| !s.allows_key(bucket, &o.key))
+        {
+            return Err(S3Error::AccessDenied(format!(
+                "{bucket}/{} is outside the scope of session credential {} (lock {:?})",
+                o.key, s.access_key_id, s.lock
+            )));
+        }
         // Each key's resource, in the order of the keys.
         let fencing: Vec<Option<String>> = delete
             .objects

@@ -4,8 +4,9 @@
 //! streams.
 
 use super::error::S3Error;
-use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
+use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE, X_AMZ_SECURITY_TOKEN};
 use super::query::{Param, query_param};
+use super::session::{self, Session, SessionKeys};
 use crate::config::Credential;
 use http::HeaderMap;
 use std::collections::HashMap;
@@ -68,6 +69,8 @@ pub struct Verified {
     pub presigned: bool,
     /// The signed header names, `;`-separated, as signed.
     pub signed_headers: String,
+    /// A session credential's token, lock and scope (`s3::session`).
+    pub session: Option<Arc<Session>>,
 }
 
 impl Verified {
@@ -94,10 +97,12 @@ impl Signing {
     }
 }
 
-/// The credential table, by access key id.
+/// The credential table, by access key id, and the keys that verify
+/// session credentials (none: they are refused).
 #[derive(Default)]
 pub struct Credentials {
     by_key: HashMap<String, Known>,
+    sessions: Option<Arc<SessionKeys>>,
 }
 
 /// One credential and the signing key last derived for it (test:
@@ -129,7 +134,14 @@ impl Credentials {
                     (c.access_key_id.clone(), known)
                 })
                 .collect(),
+            sessions: None,
         }
+    }
+
+    /// Session credentials verified with `keys` are accepted too.
+    pub fn with_sessions(mut self, keys: Option<Arc<SessionKeys>>) -> Credentials {
+        self.sessions = keys;
+        self
     }
 }
 
@@ -205,10 +217,6 @@ pub fn verify(
     } else {
         header_claim(head, now)?
     };
-    let known = creds
-        .by_key
-        .get(claim.access_key)
-        .ok_or(S3Error::InvalidAccessKeyId)?;
     check_scope(&claim, region)?;
     check_signed_headers(&claim, head.headers)?;
     let content_sha = head
@@ -217,7 +225,13 @@ pub fn verify(
         .and_then(|v| v.to_str().ok());
     let payload = payload_of(content_sha)?;
     let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
-    let key = known.signing_key(claim.scope, claim.date, claim.region, claim.service);
+    let (credential, key, session) = match creds.by_key.get(claim.access_key) {
+        Some(known) => {
+            let key = known.signing_key(claim.scope, claim.date, claim.region, claim.service);
+            (known.credential.clone(), key, None)
+        }
+        None => session_credential(head, creds, &claim, presigned, now)?,
+    };
     let mac = key.mac_request(claim.amz_date, claim.scope, &canonical);
     if !is_signature(&mac, claim.signature) {
         return Err(S3Error::SignatureDoesNotMatch);
@@ -231,12 +245,56 @@ pub fn verify(
         seed_signature: claim.signature.to_string(),
     });
     Ok(Verified {
-        credential: known.credential.clone(),
+        credential,
         payload,
         signing,
         presigned,
         signed_headers: claim.signed_headers.join(";"),
+        session,
     })
+}
+
+/// Who signed, the key that checks the signature, and the session.
+type SessionSigner = (Arc<Credential>, SigningKey, Option<Arc<Session>>);
+
+/// A session credential's signing key, from the session token the request
+/// carries (`X-Amz-Security-Token`, a signed header or a presigned URL's
+/// parameter): no lookup, the secret is derived (`s3::session`).
+fn session_credential(
+    head: &Head<'_>,
+    creds: &Credentials,
+    claim: &Claim<'_>,
+    presigned: bool,
+    now: SystemTime,
+) -> Result<SessionSigner, S3Error> {
+    let keys = match &creds.sessions {
+        Some(k) if session::is_session_key(claim.access_key) => k,
+        _ => return Err(S3Error::InvalidAccessKeyId),
+    };
+    let token = match presigned {
+        true => query_param(head.query, "X-Amz-Security-Token").map(|t| t.to_string()),
+        false => (head.headers.get(X_AMZ_SECURITY_TOKEN))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    };
+    let token = token.ok_or_else(|| {
+        S3Error::InvalidToken(format!(
+            "access key {} is a session credential: send its session token \
+             (X-Amz-Security-Token)",
+            claim.access_key
+        ))
+    })?;
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (s, secret) = keys.verify(claim.access_key, &token, secs)?;
+    let key = SigningKey::new(&signing_key(
+        &secret,
+        claim.date,
+        claim.region,
+        claim.service,
+    ));
+    Ok((Arc::new(s.credential()), key, Some(Arc::new(s))))
 }
 
 /// The claim of an `Authorization: AWS4-HMAC-SHA256 ...` header, with its

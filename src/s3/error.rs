@@ -46,6 +46,11 @@ pub enum S3Error {
     ExpiredRequest,
     #[error("{0}")]
     AuthorizationQueryParametersError(String),
+    /// A session token fencegate did not issue, or altered.
+    #[error("{0}")]
+    InvalidToken(String),
+    #[error("the session credential has expired: ask for a new one")]
+    ExpiredToken,
 
     // Bodies.
     #[error("the body's SHA-256 does not match x-amz-content-sha256")]
@@ -153,12 +158,14 @@ impl S3Error {
             | InvalidAccessKeyId
             | SignatureDoesNotMatch
             | RequestTimeTooSkewed
+            | InvalidToken(_)
             | ExpiredRequest => StatusCode::FORBIDDEN,
             NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             MissingContentLength => StatusCode::LENGTH_REQUIRED,
             BadGateway(_) => StatusCode::BAD_GATEWAY,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             InvalidFencingToken(_)
+            | ExpiredToken
             | AuthorizationHeaderMalformed(_)
             | AuthorizationQueryParametersError(_)
             | ContentSha256Mismatch
@@ -194,6 +201,8 @@ impl S3Error {
             AuthorizationHeaderMalformed(_) => "AuthorizationHeaderMalformed",
             ExpiredRequest => "AccessDenied",
             AuthorizationQueryParametersError(_) => "AuthorizationQueryParametersError",
+            InvalidToken(_) => "InvalidToken",
+            ExpiredToken => "ExpiredToken",
             ContentSha256Mismatch => "XAmzContentSHA256Mismatch",
             IncompleteBody => "IncompleteBody",
             InvalidChunk(_) => "InvalidRequest",
@@ -229,6 +238,8 @@ impl S3Error {
             | RequestTimeTooSkewed
             | AuthorizationHeaderMalformed(_)
             | AuthorizationQueryParametersError(_)
+            | InvalidToken(_)
+            | ExpiredToken
             | ExpiredRequest => "auth",
             BadGateway(_) => "upstream_error",
             Internal(_) => "internal",

@@ -13,6 +13,7 @@ pub mod names;
 pub mod op;
 pub mod query;
 pub mod range;
+pub mod session;
 pub mod sign;
 pub mod sigv4;
 pub mod xml;
