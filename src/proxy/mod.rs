@@ -89,6 +89,9 @@ pub struct Proxy {
     quarantine: Duration,
     /// `fence.conditional_writes` (`conditional.rs`).
     conditional_writes: bool,
+    /// Debug switch: a session credential's token is not used
+    /// (`FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1`), to see its tests fail.
+    session_token_ignored: bool,
     /// Cluster mode with owners: the other replicas (`to_owner.rs`).
     peers: Option<to_owner::Peers>,
     next_id: AtomicU64,
@@ -202,6 +205,15 @@ fn upload_key(bucket: &str, key: &str, upload_id: &str) -> String {
     format!("{bucket}/{key}\n{upload_id}")
 }
 
+/// A debug switch that takes a guarantee away, read once at start.
+fn unsafe_switch(name: &str) -> bool {
+    let on = std::env::var(name).as_deref() == Ok("1");
+    if on {
+        tracing::warn!("{name}=1: a guarantee is OFF (debug only)");
+    }
+    on
+}
+
 /// A header name from the configuration, which `config::validate` checked.
 fn header_name(name: &str) -> http::HeaderName {
     http::HeaderName::from_bytes(name.as_bytes()).expect("a validated header name")
@@ -240,6 +252,7 @@ impl Proxy {
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             conditional_writes: cfg.fence.conditional_writes,
+            session_token_ignored: unsafe_switch("FENCEGATE_UNSAFE_SESSION_NO_TOKEN"),
             peers,
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),

@@ -1,0 +1,291 @@
+//! Session credentials that carry a fencing token (CONTRACT §10,
+//! docs/credentials.md): a program signs with them and changes nothing
+//! else, and every request it makes carries the credential's token.
+//!
+//! - aws-sdk-s3 with only the credential (no header, no metadata): its
+//!   writes are stamped with the credential's token, and an older
+//!   credential's writes are `409 StaleFencingToken`; presigned URLs made
+//!   with them carry the token too;
+//! - a request whose own token differs from its credential's is `400`;
+//! - expired (`400 ExpiredToken`), altered (`403 InvalidToken`), wrong
+//!   secret (`403 SignatureDoesNotMatch`) and out of scope
+//!   (`403 AccessDenied`, also a listing and one key of a DeleteObjects);
+//! - neither the secret nor the session token is in the log, an error
+//!   body, `/metrics` or `/fences`.
+//!
+//! With `FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1` (the credential's token
+//! ignored) the first test fails: the writes carry no token and are
+//! refused `428`.
+
+mod common;
+
+use aws_sdk_s3::config::{Credentials, Region};
+use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use common::fencegate::{Backend, Fencegate};
+use serde_json::Value;
+use std::time::Duration;
+
+pub const ADMIN: &str = "credentials-admin-token-0123";
+
+/// Every key under `jobs/` shares one fence, as a job's prefix should
+/// (docs/credentials.md); the rest of `demo` is per object.
+const RULES: &str =
+    "[[rules]]\nbucket = \"demo\"\nprefix = \"jobs/\"\nmode = \"shared\"\nresource = \"jobs\"\n";
+
+fn start() -> Fencegate {
+    let server = format!("admin_token = \"{ADMIN}\"\n");
+    Fencegate::start_with(Backend::Embedded, &server, RULES)
+}
+
+/// Credentials issued by `fg`'s admin API for `token`.
+async fn issue(fg: &Fencegate, token: u64, scope: &[&str], ttl: Option<u64>) -> Value {
+    let url = format!("http://{}/credentials", fg.admin);
+    let ask =
+        serde_json::json!({"token": token, "lock": "nightly", "scope": scope, "ttl_secs": ttl});
+    let (status, body) = common::http_call("POST", &url, Some(ADMIN), Some(&ask.to_string())).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn client_of(fg: &Fencegate, c: &Value) -> aws_sdk_s3::Client {
+    let s = |k: &str| c[k].as_str().unwrap().to_string();
+    client_with(
+        fg,
+        &s("AccessKeyId"),
+        &s("SecretAccessKey"),
+        &s("SessionToken"),
+    )
+}
+
+fn client_with(fg: &Fencegate, key: &str, secret: &str, token: &str) -> aws_sdk_s3::Client {
+    let creds = Credentials::new(key, secret, Some(token.to_string()), None, "session");
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version_latest()
+        .endpoint_url(fg.endpoint())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(creds)
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+async fn put(c: &aws_sdk_s3::Client, key: &str, body: &str) -> Result<(), (u16, String)> {
+    let r = c
+        .put_object()
+        .bucket("demo")
+        .key(key)
+        .body(ByteStream::from(body.as_bytes().to_vec()))
+        .send()
+        .await;
+    r.map(|_| ()).map_err(|e| {
+        let status = e.raw_response().map_or(0, |r| r.status().as_u16());
+        (status, e.code().unwrap_or_default().to_string())
+    })
+}
+
+async fn stamp(fg: &Fencegate, key: &str) -> Option<String> {
+    let head = common::sdk(&fg.endpoint())
+        .head_object()
+        .bucket("demo")
+        .key(key);
+    let got = head.send().await.unwrap();
+    got.metadata().and_then(|m| m.get("fencing-token").cloned())
+}
+
+#[tokio::test]
+async fn a_session_credential_carries_its_token_on_every_request() {
+    let fg = start();
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    let a = issue(&fg, 33, &["demo/jobs/"], None).await;
+    let b = issue(&fg, 34, &["demo/jobs/"], None).await;
+    assert!(a["AccessKeyId"].as_str().unwrap().starts_with("FGS"));
+    let (ca, cb) = (client_of(&fg, &a), client_of(&fg, &b));
+
+    // A writes with 33, B with 34: the job's fence is 34 now.
+    put(&ca, "jobs/part-1", "by A").await.unwrap();
+    assert_eq!(stamp(&fg, "jobs/part-1").await.as_deref(), Some("33"));
+    put(&cb, "jobs/part-2", "by B").await.unwrap();
+    assert_eq!(stamp(&fg, "jobs/part-2").await.as_deref(), Some("34"));
+    // A, the zombie, is refused on every key of the job, also new ones.
+    assert_eq!(
+        put(&ca, "jobs/part-3", "by A").await,
+        Err((409, "StaleFencingToken".into()))
+    );
+    let del = ca
+        .delete_object()
+        .bucket("demo")
+        .key("jobs/part-2")
+        .send()
+        .await;
+    assert_eq!(del.unwrap_err().code(), Some("StaleFencingToken"));
+
+    // A presigned URL made with B's credential carries 34 too.
+    let presigned = cb
+        .put_object()
+        .bucket("demo")
+        .key("jobs/presigned")
+        .presigned(PresigningConfig::expires_in(Duration::from_secs(300)).unwrap())
+        .await
+        .unwrap();
+    assert!(presigned.uri().contains("X-Amz-Security-Token="));
+    let (status, body) = common::http_call("PUT", presigned.uri(), None, Some("x")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stamp(&fg, "jobs/presigned").await.as_deref(), Some("34"));
+    // And A's presigned URL is as stale as A.
+    let stale = ca.put_object().bucket("demo").key("jobs/p2");
+    let stale = stale.presigned(PresigningConfig::expires_in(Duration::from_secs(300)).unwrap());
+    let (status, _) = common::http_call("PUT", stale.await.unwrap().uri(), None, Some("x")).await;
+    assert_eq!(status, 409);
+
+    // A token of its own: the same one passes, another is refused.
+    let same = cb
+        .put_object()
+        .bucket("demo")
+        .key("jobs/same")
+        .metadata("fencing-token", "34")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await;
+    assert!(same.is_ok(), "{same:?}");
+    let other = cb
+        .put_object()
+        .bucket("demo")
+        .key("jobs/other")
+        .metadata("fencing-token", "35")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await;
+    let e = other.unwrap_err();
+    assert_eq!(e.raw_response().unwrap().status().as_u16(), 400);
+    assert_eq!(e.code(), Some("InvalidFencingToken"));
+    assert!(e.message().unwrap_or_default().contains("nightly"), "{e:?}");
+}
+
+#[tokio::test]
+async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
+    let fg = start();
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "other").await;
+    let c = issue(&fg, 7, &["demo/jobs/"], None).await;
+    let s = |k: &str| c[k].as_str().unwrap().to_string();
+    let (key, secret, token) = (s("AccessKeyId"), s("SecretAccessKey"), s("SessionToken"));
+
+    // Out of scope: another prefix, another bucket, a wider listing, one
+    // key of a DeleteObjects.
+    let ok = client_with(&fg, &key, &secret, &token);
+    assert_eq!(
+        put(&ok, "elsewhere/x", "x").await,
+        Err((403, "AccessDenied".into()))
+    );
+    let other = ok
+        .put_object()
+        .bucket("other")
+        .key("jobs/x")
+        .body(ByteStream::from_static(b"x"));
+    assert_eq!(other.send().await.unwrap_err().code(), Some("AccessDenied"));
+    let list = ok.list_objects_v2().bucket("demo").send().await;
+    assert_eq!(list.unwrap_err().code(), Some("AccessDenied"));
+    let list = ok
+        .list_objects_v2()
+        .bucket("demo")
+        .prefix("jobs/")
+        .send()
+        .await;
+    assert!(list.is_ok(), "{list:?}");
+    use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+    let ids = ["jobs/a", "secret/b"].map(|k| ObjectIdentifier::builder().key(k).build().unwrap());
+    let delete = Delete::builder()
+        .set_objects(Some(ids.to_vec()))
+        .build()
+        .unwrap();
+    let many = ok
+        .delete_objects()
+        .bucket("demo")
+        .delete(delete)
+        .send()
+        .await;
+    assert_eq!(many.unwrap_err().code(), Some("AccessDenied"));
+    // Bucket administration is never a session credential's.
+    let mb = ok.create_bucket().bucket("jobs-new").send().await;
+    assert_eq!(mb.unwrap_err().code(), Some("AccessDenied"));
+
+    // A wrong secret.
+    let wrong = client_with(&fg, &key, &format!("{secret}x"), &token);
+    assert_eq!(
+        put(&wrong, "jobs/x", "x").await,
+        Err((403, "SignatureDoesNotMatch".into()))
+    );
+    // An altered session token: one character of its body changed.
+    let mut altered = token.clone().into_bytes();
+    let i = token.find('.').unwrap() + 12;
+    altered[i] = if altered[i] == b'A' { b'B' } else { b'A' };
+    let altered = String::from_utf8(altered).unwrap();
+    let bad = client_with(&fg, &key, &secret, &altered);
+    assert_eq!(
+        put(&bad, "jobs/x", "x").await,
+        Err((403, "InvalidToken".into()))
+    );
+    // Another credential's session token under this access key.
+    let c2 = issue(&fg, 8, &["demo/jobs/"], None).await;
+    let swapped = client_with(&fg, &key, &secret, c2["SessionToken"].as_str().unwrap());
+    assert_eq!(
+        put(&swapped, "jobs/x", "x").await,
+        Err((403, "InvalidToken".into()))
+    );
+
+    // Expired: a one-second credential, two seconds later.
+    let short = issue(&fg, 9, &["demo/jobs/"], Some(1)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(
+        put(&client_of(&fg, &short), "jobs/x", "x").await,
+        Err((400, "ExpiredToken".into()))
+    );
+    // The admin API refuses what it cannot issue.
+    let url = format!("http://{}/credentials", fg.admin);
+    let too_long = r#"{"token": 1, "ttl_secs": 999999}"#;
+    let (status, _) = common::http_call("POST", &url, Some(ADMIN), Some(too_long)).await;
+    assert_eq!(status, 400);
+    let (status, _) = common::http_call("POST", &url, None, Some(r#"{"token": 1}"#)).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn no_secret_or_session_token_is_logged_or_shown() {
+    let fg = start();
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    let c = issue(&fg, 5, &["demo/jobs/"], None).await;
+    let s = |k: &str| c[k].as_str().unwrap().to_string();
+    let (key, secret, token) = (s("AccessKeyId"), s("SecretAccessKey"), s("SessionToken"));
+    let mut bodies = Vec::new();
+    put(&client_of(&fg, &c), "jobs/a", "x").await.unwrap();
+    // Refusals of every kind, their bodies kept.
+    let wrong = client_with(&fg, &key, "not-the-secret", &token);
+    for (client, k) in [(&wrong, "jobs/b"), (&client_of(&fg, &c), "out/b")] {
+        let r = client
+            .put_object()
+            .bucket("demo")
+            .key(k)
+            .body(ByteStream::from_static(b"x"));
+        let e = r.send().await.unwrap_err();
+        let raw = e.raw_response().unwrap();
+        bodies.push(String::from_utf8_lossy(raw.body().bytes().unwrap()).into_owned());
+    }
+    let admin = |path: &str| format!("http://{}/{path}", fg.admin);
+    let metrics = common::http_call("GET", &admin("metrics"), None, None)
+        .await
+        .1;
+    let fences = common::http_call("GET", &admin("fences"), None, None)
+        .await
+        .1;
+    let seen = [fg.logs(), bodies.join("\n"), metrics, fences];
+    assert!(seen[0].contains(&key), "the log names the access key id");
+    // The token's body and MAC, and the secret, appear nowhere.
+    let mac = token.rsplit('.').next().unwrap();
+    for (i, text) in seen.iter().enumerate() {
+        for needle in [secret.as_str(), token.as_str(), mac] {
+            assert!(!text.contains(needle), "source {i} shows a secret: {text}");
+        }
+    }
+}
