@@ -144,8 +144,8 @@ pub struct IssueArgs {
     pub scope: Vec<String>,
     /// Lifetime of the credentials in seconds (default: the server's
     /// sessions.default_ttl_secs; at most its sessions.max_ttl_secs).
-    #[arg(long = "credentials-ttl")]
-    pub ttl: Option<u64>,
+    #[arg(long)]
+    pub credentials_ttl: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -246,5 +246,15 @@ impl ServeArgs {
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own checks of the whole command line (unique names, valid
+    /// relations), which it otherwise makes only when a command is run.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

@@ -216,7 +216,7 @@ fn credentials_env(issue: IssueArgs) -> fencegate::locks::helper::ExtraEnv {
                 token,
                 &lock,
                 &issue.scope,
-                issue.ttl,
+                issue.credentials_ttl,
             )
             .await
             .map_err(|e| format!("cannot get credentials for token {token}: {e}"))?;
@@ -239,7 +239,7 @@ fn credentials(c: CredentialsArgs) -> ExitCode {
         c.token,
         &c.lock,
         &i.scope,
-        i.ttl,
+        i.credentials_ttl,
     );
     let got = match rt.block_on(asked) {
         Ok(g) => g,

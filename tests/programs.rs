@@ -1,0 +1,289 @@
+//! Programs nobody here wrote, unmodified, fenced through the credentials
+//! `fencegate lock --credentials` gives them (docs/credentials.md): none
+//! of them adds a header or metadata. Each test plays the zombie:
+//!
+//! 1. holder A takes the lock (etcd) and starts the program with session
+//!    credentials bound to its token;
+//! 2. A (the lock helper and the program) is paused with SIGSTOP past its
+//!    lock's lease;
+//! 3. B takes the lock and runs the program;
+//! 4. A's program resumes: every write it then makes is refused, and B's
+//!    data is intact and readable by the program itself.
+//!
+//! - restic: A's `restic backup` has uploaded packs but no index when it
+//!   is paused; B's `restic prune` deletes them as unreferenced (restic
+//!   #3126); A's resumed writes are refused, and `restic check` passes.
+//!   With the repository's prefix unfenced
+//!   (`FENCEGATE_TEST_PROGRAMS_UNFENCED=1`), A's index and snapshot land
+//!   and `restic check` finds the packs B deleted missing: the test fails.
+//!   With `FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1` it fails too (no write
+//!   carries a token).
+//! - rclone `sync` with `env_auth = true`, and the aws CLI, boto3 and
+//!   object_store (obstore) with credentials from the environment only.
+
+mod common;
+
+use common::etcd::Etcd;
+use common::fencegate::{Backend, Fencegate};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "programs-admin-token-0123";
+const TTL_SECS: u64 = 2;
+
+/// fencegate on its embedded store with bucket `demo`, whose prefix
+/// `prefix` is one fence (`shared`), and an etcd for the locks.
+struct Rig {
+    etcd: Etcd,
+    fg: Fencegate,
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn start(prefix: &str) -> Rig {
+        let mode = match std::env::var("FENCEGATE_TEST_PROGRAMS_UNFENCED").as_deref() {
+            Ok("1") => "mode = \"unfenced\"\n".to_string(),
+            _ => format!(
+                "mode = \"shared\"\nresource = \"job-{}\"\n",
+                prefix.trim_end_matches('/')
+            ),
+        };
+        let rules = format!("[[rules]]\nbucket = \"demo\"\nprefix = \"{prefix}\"\n{mode}");
+        let server = format!("admin_token = \"{ADMIN}\"\n");
+        let fg = Fencegate::start_with(Backend::Embedded, &server, &rules);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo"));
+        Rig {
+            etcd: Etcd::start(),
+            fg,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `fencegate lock --credentials ... -- sh -c SCRIPT`, its environment
+    /// `env` and a HOME of its own; the script's pid goes to `<name>.pid`.
+    fn lock(&self, name: &str, scope: &str, script: &str, env: &[(&str, String)]) -> Command {
+        let pid_file = self.path(&format!("{name}.pid"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fencegate"));
+        c.args(["lock", "--etcd", &self.etcd.endpoint])
+            .args([
+                "--ttl",
+                &TTL_SECS.to_string(),
+                "--kill-grace",
+                "1",
+                "--credentials",
+            ])
+            .args(["--scope", scope, "job", "--", "sh", "-c"])
+            .arg(format!("echo $$ > {}; {script}", pid_file.display()))
+            .env("FENCEGATE_ADMIN_URL", format!("http://{}", self.fg.admin))
+            .env("FENCEGATE_ADMIN_TOKEN", ADMIN)
+            .env("FENCEGATE_S3_URL", self.fg.endpoint())
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            .env("HOME", self.dir.path())
+            .current_dir(self.dir.path());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs a job under the lock to its end: its exit code and output.
+    fn run(&self, name: &str, scope: &str, script: &str, env: &[(&str, String)]) -> (i32, String) {
+        let out = self.lock(name, scope, script, env).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    }
+
+    /// Starts a job under the lock in the background.
+    fn spawn(&self, name: &str, scope: &str, script: &str, env: &[(&str, String)]) -> Job {
+        let out = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
+        let child = self
+            .lock(name, scope, script, env)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        let pid_file = self.path(&format!("{name}.pid"));
+        common::wait_until(30, "the job to start under the lock", || pid_file.exists());
+        let text = std::fs::read_to_string(&pid_file).unwrap();
+        Job {
+            helper: child,
+            program: text.trim().parse().unwrap(),
+            out: self.path(&format!("{name}.out")),
+        }
+    }
+
+    /// Access log lines from line `from` on that contain every one of
+    /// `parts`.
+    fn log_lines(&self, from: usize, parts: &[&str]) -> Vec<String> {
+        (self.fg.log_now().lines().skip(from))
+            .filter(|l| parts.iter().all(|p| l.contains(p)))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn log_len(&self) -> usize {
+        self.fg.log_now().lines().count()
+    }
+
+    /// Waits until `n` log lines from `from` on contain `parts`.
+    fn wait_log(&self, from: usize, parts: &[&str], n: usize, what: &str) {
+        common::wait_until(60, what, || self.log_lines(from, parts).len() >= n);
+    }
+}
+
+/// A job under the lock running in the background: the lock helper, and
+/// the program in its own process group.
+struct Job {
+    helper: Child,
+    program: i32,
+    out: PathBuf,
+}
+
+impl Job {
+    /// SIGSTOP to both: the zombie, paused past its lock.
+    fn pause(&self) {
+        unsafe {
+            libc::kill(self.helper.id() as i32, libc::SIGSTOP);
+            libc::kill(-self.program, libc::SIGSTOP);
+        }
+    }
+
+    /// The program wakes; its supervisor does not yet.
+    fn resume_program(&self) {
+        unsafe { libc::kill(-self.program, libc::SIGCONT) };
+    }
+
+    /// The helper wakes, finds the lock lost and stops the program; its
+    /// exit code and the job's output.
+    fn finish(mut self) -> (Option<i32>, String) {
+        unsafe { libc::kill(self.helper.id() as i32, libc::SIGCONT) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let code = loop {
+            if let Some(s) = self.helper.try_wait().unwrap() {
+                break s.code();
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        (code, std::fs::read_to_string(&self.out).unwrap_or_default())
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        unsafe {
+            libc::kill(self.helper.id() as i32, libc::SIGCONT);
+            libc::kill(-self.program, libc::SIGKILL);
+        }
+        let _ = self.helper.kill();
+        let _ = self.helper.wait();
+    }
+}
+
+fn random_files(dir: &Path, n: usize, size: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        let bytes: Vec<u8> = (0..size).map(|_| rand::random::<u8>()).collect();
+        std::fs::write(dir.join(format!("f{i}")), bytes).unwrap();
+    }
+}
+
+/// The lines of `lines` whose access key is `key` and whose status is 2xx
+/// for a write (PUT, POST, DELETE).
+fn writes_landed(lines: &[String]) -> Vec<&String> {
+    lines
+        .iter()
+        .filter(|l| !l.contains("method=GET") && !l.contains("method=HEAD"))
+        .filter(|l| l.contains(" status=2"))
+        .collect()
+}
+
+/// The access key id a job's requests were signed with, from the log line
+/// of its first request under `key_part`.
+fn access_key_of(line: &str) -> String {
+    let at = line.find("access_key=\"").expect("an access key") + 12;
+    line[at..].split('"').next().unwrap().to_string()
+}
+
+#[test]
+fn restic_backup_paused_past_its_lock_cannot_undo_a_prune() {
+    let rig = Rig::start("repo/");
+    let repo = format!("s3:{}/demo/repo", rig.fg.endpoint());
+    let env = [
+        ("RESTIC_REPOSITORY", repo),
+        ("RESTIC_PASSWORD", "fencegate-test".to_string()),
+    ];
+    let scope = "demo/repo/";
+    random_files(&rig.path("first"), 1, 200_000);
+    let (code, out) = rig.run("init", scope, "restic init && restic backup first", &env);
+    assert_eq!(code, 0, "{out}");
+
+    // A backs up new data slowly; it is paused once two packs are up,
+    // with no index or snapshot written yet.
+    random_files(&rig.path("data"), 6, 4_000_000);
+    let from = rig.log_len();
+    let a = rig.spawn(
+        "a",
+        scope,
+        "exec restic backup --pack-size 4 --limit-upload 4000 data",
+        &env,
+    );
+    let data_put = ["method=PUT", "key=\"repo/data/", "status=200"];
+    rig.wait_log(from, &data_put, 2, "A to upload two packs");
+    a.pause();
+    let a_key = access_key_of(&rig.log_lines(from, &data_put)[0]);
+    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
+
+    // B: the lock is B's now. restic's own lock is A's (its process is
+    // still there, paused): B removes it, as the external lock allows,
+    // and prunes, deleting A's packs as unreferenced.
+    let b_from = rig.log_len();
+    let (code, out) = rig.run(
+        "b",
+        scope,
+        "restic unlock --remove-all && restic prune",
+        &env,
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deleting unreferenced packs"), "{out}");
+
+    // A's program wakes while its supervisor sleeps: it goes on writing.
+    a.resume_program();
+    rig.wait_log(
+        b_from,
+        &[&a_key, "decision=\"stale\""],
+        3,
+        "A's writes to be refused",
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, out) = a.finish();
+    assert_eq!(code, Some(75), "A's helper stops it, the lock lost: {out}");
+    let a_after = rig.log_lines(b_from, &[&a_key]);
+    let landed = writes_landed(&a_after);
+    assert!(
+        landed.is_empty(),
+        "A's writes after B's token landed: {landed:?}"
+    );
+
+    // The repository is whole, as restic itself says.
+    let (code, out) = rig.run(
+        "check",
+        scope,
+        "restic check --read-data && restic snapshots",
+        &env,
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("no errors were found"), "{out}");
+}
