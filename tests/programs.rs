@@ -85,6 +85,9 @@ impl Rig {
             .env("FENCEGATE_S3_URL", self.fg.endpoint())
             .env("AWS_DEFAULT_REGION", "us-east-1")
             .env("HOME", self.dir.path())
+            // A CA bundle from the machine's environment makes rclone's
+            // old AWS SDK refuse to start; the endpoint is plain HTTP.
+            .env_remove("AWS_CA_BUNDLE")
             .current_dir(self.dir.path());
         for (k, v) in env {
             c.env(k, v);
@@ -286,4 +289,142 @@ fn restic_backup_paused_past_its_lock_cannot_undo_a_prune() {
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("no errors were found"), "{out}");
+}
+
+fn venv_bin(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/smoke-venv/bin");
+    assert!(
+        p.exists(),
+        "{} is missing: scripts/test installs it",
+        p.display()
+    );
+    p.join(name).display().to_string()
+}
+
+/// The results file of `env_clients.py`, once it has `n` lines.
+fn results(path: &Path, n: usize) -> Vec<String> {
+    common::wait_until(60, "the clients' results", || {
+        std::fs::read_to_string(path).is_ok_and(|t| t.lines().count() >= n)
+    });
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only() {
+    let rig = Rig::start("jobs/");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs/env_clients.py");
+    let run = |name: &str| {
+        format!(
+            "exec {} {} {name} {name}.go {name}.results",
+            venv_bin("python"),
+            script.display()
+        )
+    };
+    // Only what `fencegate lock --credentials` gives, and where to go.
+    let env = [
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+        ("PATH", format!("{}:/usr/bin:/bin", venv_bin(""))),
+    ];
+    let from = rig.log_len();
+    let a = rig.spawn("a", "demo/jobs/", &run("a"), &env);
+    let a_results = rig.path("a.results");
+    let first = results(&a_results, 3);
+    assert!(first.iter().all(|l| l.ends_with(" ok")), "{first:?}");
+    a.pause();
+    let a_key = access_key_of(&rig.log_lines(from, &["method=PUT", "status=200"])[0]);
+    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
+
+    std::fs::write(rig.path("b.go"), "").unwrap();
+    let (code, out) = rig.run("b", "demo/jobs/", &run("b"), &env);
+    assert_eq!(code, 0, "{out}");
+    let b = results(&rig.path("b.results"), 6);
+    assert!(b.iter().all(|l| l.ends_with(" ok")), "B: {b:?}");
+
+    // A wakes and writes again with each client: refused, each one.
+    let b_from = rig.log_len();
+    std::fs::write(rig.path("a.go"), "").unwrap();
+    a.resume_program();
+    let all = results(&a_results, 6);
+    for client in ["boto3", "cli", "obstore"] {
+        let line = all
+            .iter()
+            .find(|l| l.starts_with(&format!("{client} 2")))
+            .unwrap();
+        assert!(
+            line.contains("refused") && line.contains("StaleFencingToken"),
+            "{line}"
+        );
+    }
+    let landed = writes_landed(&rig.log_lines(b_from, &[&a_key]))
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert!(landed.is_empty(), "{landed:?}");
+    drop(a.finish());
+}
+
+#[test]
+fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy() {
+    let rig = Rig::start("mirror/");
+    random_files(&rig.path("src-a"), 6, 300_000);
+    random_files(&rig.path("src-b"), 3, 1000);
+    // rclone's remote from the environment: env_auth reads the
+    // credentials fencegate lock gives the program.
+    let env = [
+        ("RCLONE_CONFIG_FG_TYPE", "s3".to_string()),
+        ("RCLONE_CONFIG_FG_PROVIDER", "Other".to_string()),
+        ("RCLONE_CONFIG_FG_ENV_AUTH", "true".to_string()),
+        ("RCLONE_CONFIG_FG_REGION", "us-east-1".to_string()),
+        ("RCLONE_CONFIG_FG_ENDPOINT", rig.fg.endpoint()),
+    ];
+    let sync = |src: &str, extra: &str| {
+        format!("exec rclone sync {src} fg:demo/mirror --retries 1 --low-level-retries 1 {extra}")
+    };
+    let from = rig.log_len();
+    let a = rig.spawn(
+        "a",
+        "demo/mirror/",
+        &sync("src-a", "--transfers 1 --bwlimit 300k"),
+        &env,
+    );
+    let put = ["method=PUT", "key=\"mirror/", "status=200"];
+    rig.wait_log(from, &put, 2, "A to copy two files");
+    a.pause();
+    let a_key = access_key_of(&rig.log_lines(from, &put)[0]);
+    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
+
+    let (code, out) = rig.run("b", "demo/mirror/", &sync("src-b", ""), &env);
+    assert_eq!(code, 0, "{out}");
+
+    let b_from = rig.log_len();
+    a.resume_program();
+    rig.wait_log(
+        b_from,
+        &[&a_key, "decision=\"stale\""],
+        1,
+        "A's writes to be refused",
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, out) = a.finish();
+    let landed = writes_landed(&rig.log_lines(b_from, &[&a_key]))
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert!(
+        landed.is_empty(),
+        "A's writes after B's token landed: {landed:?}\n{out}"
+    );
+    // The mirror is B's copy, as rclone itself checks it.
+    let (code, out) = rig.run(
+        "check",
+        "demo/mirror/",
+        "exec rclone check src-b fg:demo/mirror",
+        &env,
+    );
+    assert_eq!(code, 0, "{out}");
 }
