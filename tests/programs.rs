@@ -26,7 +26,7 @@ mod common;
 use common::etcd::Etcd;
 use common::fencegate::{Backend, Fencegate};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const ADMIN: &str = "programs-admin-token-0123";
