@@ -289,3 +289,55 @@ async fn no_secret_or_session_token_is_logged_or_shown() {
         }
     }
 }
+
+/// Cluster mode: every replica holding the same issuing key verifies what
+/// any replica issued, and the token a credential carries is fenced across
+/// them. A replica without the key (sessions off) refuses them.
+#[tokio::test]
+async fn credentials_issued_by_one_replica_are_accepted_by_the_others() {
+    use common::replicas::{TTL_MS, cluster_toml, ready_status};
+    let etcd = common::etcd::Etcd::start();
+    let be = common::backend::TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("session.key");
+    std::fs::write(&key_file, "0123456789abcdef0123456789abcdef-shared-key\n").unwrap();
+    let endpoints = format!("[\"{}\"]", etcd.endpoint);
+    let server = format!("admin_token = \"{ADMIN}\"\n");
+    let replica = |sessions: &str| {
+        let toml = format!(
+            "{}\n{sessions}{RULES}",
+            cluster_toml(&endpoints, "", TTL_MS)
+        );
+        let fg = Fencegate::start_with(backend.clone(), &server, &toml);
+        common::wait_until(20, "the replica to hold a lease", || {
+            ready_status(&fg) == 200
+        });
+        fg
+    };
+    let with_key = format!("[sessions]\nkey_file = \"{}\"\n", key_file.display());
+    let r: Vec<Fencegate> = (0..3).map(|_| replica(&with_key)).collect();
+
+    let a = issue(&r[0], 40, &["demo/jobs/"], None).await;
+    let b = issue(&r[2], 41, &["demo/jobs/"], None).await;
+    put(&client_of(&r[1], &a), "jobs/x", "by A").await.unwrap();
+    put(&client_of(&r[0], &b), "jobs/y", "by B").await.unwrap();
+    for fg in &r {
+        assert_eq!(
+            put(&client_of(fg, &a), "jobs/z", "by A").await,
+            Err((409, "StaleFencingToken".into())),
+            "A's credential at {}",
+            fg.endpoint()
+        );
+    }
+
+    // Without the key, a replica issues nothing and verifies nothing.
+    let keyless = replica("");
+    let url = format!("http://{}/credentials", keyless.admin);
+    let (status, body) =
+        common::http_call("POST", &url, Some(ADMIN), Some(r#"{"token": 1}"#)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("key_file"), "{body}");
+    let refused = put(&client_of(&keyless, &b), "jobs/w", "by B").await;
+    assert_eq!(refused, Err((403, "InvalidAccessKeyId".into())));
+}
