@@ -60,6 +60,9 @@
 //! - [`s3::body`]: SHA-256 check, re-chunking for the backend.
 //! - [`s3::multi_delete`]: the keys of a DeleteObjects body, and their
 //!   conditions.
+//! - [`s3::range`]: a read's `Range`, read once and forwarded in one form.
+//! - [`s3::session`]: session credentials that carry a fencing token:
+//!   issued at the admin API, verified in `auth.rs` with no lookup.
 //! - [`s3::conditions`]: a write's `If-None-Match` / `If-Match` / delete
 //!   conditions, read once, and AWS's verdict on an object.
 //! - [`s3::bucket_config`]: CreateBucket's body, its location constraint
