@@ -20,6 +20,8 @@
 //!   carries a token).
 //! - rclone `sync` with `env_auth = true`, and the aws CLI, boto3 and
 //!   object_store (obstore) with credentials from the environment only.
+//! - pgBackRest: a stale primary's `archive-push` after a failover is
+//!   refused, and the repository holds the new primary's history only.
 
 mod common;
 
@@ -42,6 +44,12 @@ struct Rig {
 
 impl Rig {
     fn start(prefix: &str) -> Rig {
+        Rig::start_with(prefix, None)
+    }
+
+    /// With `pki`, fencegate serves HTTPS with its server certificate
+    /// (`localhost`), and the bucket is made over HTTPS.
+    fn start_with(prefix: &str, pki: Option<&common::secure::Pki>) -> Rig {
         let mode = match std::env::var("FENCEGATE_TEST_PROGRAMS_UNFENCED").as_deref() {
             Ok("1") => "mode = \"unfenced\"\n".to_string(),
             _ => format!(
@@ -50,10 +58,36 @@ impl Rig {
             ),
         };
         let rules = format!("[[rules]]\nbucket = \"demo\"\nprefix = \"{prefix}\"\n{mode}");
-        let server = format!("admin_token = \"{ADMIN}\"\n");
+        let mut server = format!("admin_token = \"{ADMIN}\"\n");
+        if let Some(pki) = pki {
+            server.push_str(&format!(
+                "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+                pki.path("server.pem").display(),
+                pki.path("server-key.pem").display()
+            ));
+        }
         let fg = Fencegate::start_with(Backend::Embedded, &server, &rules);
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo"));
+        match pki {
+            None => {
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                rt.block_on(common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo"));
+            }
+            Some(pki) => {
+                let out = Command::new(venv_bin("aws"))
+                    .args([
+                        "--endpoint-url",
+                        &format!("https://localhost:{}", fg.s3.port()),
+                    ])
+                    .args(["s3", "mb", "s3://demo"])
+                    .env("AWS_ACCESS_KEY_ID", common::fencegate::DEMO_KEY)
+                    .env("AWS_SECRET_ACCESS_KEY", common::fencegate::DEMO_SECRET)
+                    .env("AWS_DEFAULT_REGION", "us-east-1")
+                    .env("AWS_CA_BUNDLE", pki.path("ca.pem"))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{out:?}");
+            }
+        }
         Rig {
             etcd: Etcd::start(),
             fg,
@@ -132,6 +166,11 @@ impl Rig {
             .filter(|l| parts.iter().all(|p| l.contains(p)))
             .map(str::to_string)
             .collect()
+    }
+
+    /// What a background job printed so far.
+    fn output(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{name}.out"))).unwrap_or_default()
     }
 
     fn log_len(&self) -> usize {
@@ -427,4 +466,245 @@ fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy() {
         &env,
     );
     assert_eq!(code, 0, "{out}");
+}
+
+/// A PostgreSQL cluster driven by `pg_ctl`, as the `postgres` user.
+struct Pg {
+    data: PathBuf,
+    port: u16,
+    bin: PathBuf,
+}
+
+impl Pg {
+    fn as_postgres(&self, program: &str) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(self.bin.join(program));
+        c
+    }
+
+    fn start(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c wal_level=replica \
+             -c archive_mode=on -c archive_command=/bin/true",
+            self.port,
+            self.data.parent().unwrap().display()
+        );
+        let log = self.data.with_extension("log");
+        let out = (self.as_postgres("pg_ctl").arg("-D").arg(&self.data))
+            .args(["-o", &opts, "-w", "-l"])
+            .arg(log)
+            .arg("start")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pg_ctl start: {out:?}");
+    }
+
+    fn stop(&self) {
+        let c = self
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "stop"])
+            .output();
+        let _ = c;
+    }
+
+    fn sql(&self, sql: &str) {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-h", &self.data.parent().unwrap().display().to_string()])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-Atc",
+                sql,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{sql}: {out:?}");
+    }
+
+    fn wal(&self, segment: u32) -> PathBuf {
+        self.data
+            .join(format!("pg_wal/0000000100000000000000{segment:02X}"))
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// pgBackRest after a failover gone wrong: two servers with one history
+/// up to a point (a copy of one data directory), then their own, archive
+/// WAL to one repository. A, the old primary, archived while it held the
+/// lock; B, promoted, holds it now and archives its own segments. A's
+/// later `archive-push` is refused, of a segment B has not archived yet
+/// too, and the repository holds B's history only. pgBackRest speaks S3
+/// over HTTPS only: fencegate serves HTTPS here.
+#[test]
+fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
+    let pki = common::secure::Pki::new();
+    let rig = Rig::start_with("pgbr/", Some(&pki));
+    let home = rig.dir.path();
+    let own = |p: &Path| {
+        let ok = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(p)
+            .status();
+        assert!(ok.unwrap().success());
+    };
+    own(home);
+    let bin = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL (Debian package postgresql)")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin"))
+        .max()
+        .unwrap();
+    let a = Pg {
+        data: home.join("a"),
+        port: common::free_port(),
+        bin: bin.clone(),
+    };
+    let out = a
+        .as_postgres("initdb")
+        .args(["--no-sync", "-A", "trust", "-U", "postgres", "-D"])
+        .arg(&a.data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "initdb: {out:?}");
+    std::fs::write(
+        home.join("pgbackrest.conf"),
+        format!(
+            "[global]\nrepo1-type=s3\nrepo1-s3-bucket=demo\nrepo1-s3-endpoint=localhost\n\
+             repo1-storage-port={}\nrepo1-s3-region=us-east-1\nrepo1-s3-uri-style=path\n\
+             repo1-path=/pgbr\nrepo1-storage-ca-file={}\nlog-path={h}\nlock-path={h}\n\
+             spool-path={h}\n[main]\npg1-path={}\npg1-port={}\npg1-socket-path={h}\n\
+             pg1-user=postgres\n",
+            rig.fg.s3.port(),
+            pki.path("ca.pem").display(),
+            a.data.display(),
+            a.port,
+            h = home.display(),
+        ),
+    )
+    .unwrap();
+    // pgBackRest reads its credentials from its own variables.
+    let pgbackrest = |pg: &Pg, then: &str| {
+        format!(
+            "export PGBACKREST_REPO1_S3_KEY=$AWS_ACCESS_KEY_ID \
+             PGBACKREST_REPO1_S3_KEY_SECRET=$AWS_SECRET_ACCESS_KEY \
+             PGBACKREST_REPO1_S3_TOKEN=$AWS_SESSION_TOKEN; \
+             P='pgbackrest --config={}/pgbackrest.conf --stanza=main --pg1-path={}'; {then}",
+            home.display(),
+            pg.data.display(),
+        )
+    };
+    let env: [(&str, String); 0] = [];
+    let scope = "demo/pgbr/";
+    a.start();
+    let (code, out) = rig.run("create", scope, &pgbackrest(&a, "$P stanza-create"), &env);
+    assert_eq!(code, 0, "{out}");
+    a.sql("create table t(x int); insert into t values (1); select pg_switch_wal()");
+    a.stop();
+    // B: a copy of A (one system id, one history so far), then each its own.
+    let b = Pg {
+        data: home.join("b"),
+        port: common::free_port(),
+        bin,
+    };
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&a.data)
+        .arg(&b.data)
+        .status();
+    assert!(copied.unwrap().success());
+    a.start();
+    b.start();
+    for pg in [&a, &b] {
+        for _ in 0..3 {
+            pg.sql("insert into t select generate_series(1, 1000); select pg_switch_wal()");
+        }
+    }
+    let (first, theirs) = (3, [4, 5]);
+    assert_ne!(
+        std::fs::read(a.wal(4)).unwrap(),
+        std::fs::read(b.wal(4)).unwrap()
+    );
+
+    // A archives while it holds the lock, then is paused past it.
+    let push = |pg: &Pg, segs: &[u32]| {
+        let files: Vec<String> = segs
+            .iter()
+            .map(|s| pg.wal(*s).display().to_string())
+            .collect();
+        pgbackrest(
+            pg,
+            &format!(
+                "for f in {}; do $P archive-push $f || exit 1; done",
+                files.join(" ")
+            ),
+        )
+    };
+    let go = rig.path("a.go");
+    let a_job = rig.spawn(
+        "a",
+        scope,
+        &format!(
+            "{} && touch a.ready && while [ ! -e {} ]; do sleep 0.05; done; ({}); \
+             echo \"late push exit $?\" >> a.late",
+            push(&a, &[first]),
+            go.display(),
+            push(&a, &[6])
+        ),
+        &env,
+    );
+    let ready = common::poll_until(60, || rig.path("a.ready").exists());
+    assert!(ready, "A did not archive: {}", rig.output("a"));
+    a_job.pause();
+    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
+
+    // B, the new primary, archives its own segments.
+    let (code, out) = rig.run("b", scope, &push(&b, &theirs), &env);
+    assert_eq!(code, 0, "{out}");
+
+    // A wakes and archives a segment of its own history: refused.
+    std::fs::write(&go, "").unwrap();
+    a_job.resume_program();
+    let late = common::poll_until(60, || rig.path("a.late").exists());
+    assert!(late, "A's late push did not end: {}", rig.output("a"));
+    let late = std::fs::read_to_string(rig.path("a.late")).unwrap();
+    assert!(
+        !late.contains("exit 0"),
+        "A's stale push went through: {late}"
+    );
+    drop(a_job.finish());
+
+    // The repository holds B's history: 4 and 5 are B's, 6 is not there.
+    let get = |seg: u32, to: &str| {
+        format!(
+            "$P archive-get 0000000100000000000000{seg:02X} {}/{to}",
+            home.display()
+        )
+    };
+    let check = format!(
+        "{} && {} && ! {}",
+        get(4, "got4"),
+        get(5, "got5"),
+        get(6, "got6")
+    );
+    let (code, out) = rig.run("check", scope, &pgbackrest(&b, &check), &env);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        std::fs::read(home.join("got4")).unwrap(),
+        std::fs::read(b.wal(4)).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(home.join("got5")).unwrap(),
+        std::fs::read(b.wal(5)).unwrap()
+    );
 }
