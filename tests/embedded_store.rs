@@ -564,3 +564,53 @@ async fn a_full_object_crc_is_the_crc_of_the_whole_body() {
     assert_eq!(head.checksum_crc32(), Some(whole.as_str()));
     assert_eq!(head.checksum_type(), Some(&ChecksumType::FullObject));
 }
+
+/// Found by running the whole of ceph/s3-tests (docs/embedded-store.md):
+/// an error names its request id in the body and in `x-amz-request-id`,
+/// alike, and an object stored without a Content-Type is read back as
+/// `binary/octet-stream`, as S3 answers (boto3's `ContentType` is there).
+#[tokio::test]
+async fn errors_name_their_request_id_and_objects_have_a_content_type() {
+    let (fg, c) = store().await;
+    let raw = common::raw::RawClient::new(&fg.endpoint());
+    let r = raw
+        .send(common::raw::RawRequest::new(
+            http::Method::GET,
+            "/demo/missing",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404);
+    let header = r.headers["x-amz-request-id"].to_str().unwrap();
+    let at = r.body.find("<RequestId>").expect("a RequestId") + 11;
+    assert_eq!(&r.body[at..at + header.len()], header, "{}", r.body);
+
+    // The SDK sends a type of its own; a raw PUT sends none.
+    let typeless = common::raw::RawRequest::put("/demo/typeless", "x");
+    assert_eq!(raw.send(typeless).await.unwrap().status, 200);
+    let head = c
+        .head_object()
+        .bucket("demo")
+        .key("typeless")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.content_type(), Some("binary/octet-stream"));
+    let typed = c
+        .put_object()
+        .bucket("demo")
+        .key("typed")
+        .content_type("text/plain")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await;
+    typed.unwrap();
+    let head = c
+        .head_object()
+        .bucket("demo")
+        .key("typed")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.content_type(), Some("text/plain"));
+}

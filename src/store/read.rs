@@ -305,7 +305,9 @@ fn describe(record: &ObjectRecord, out: &mut GetObjectOutput, checksums: bool) {
     let h = &record.headers;
     out.e_tag = Some(ETag::Strong(record.etag.clone()));
     out.last_modified = Some(timestamp(record.last_modified_ms));
-    out.content_type = h.content_type.clone();
+    // What S3 answers for an object stored without one.
+    let default_type = || "binary/octet-stream".parse().ok();
+    out.content_type = h.content_type.clone().or_else(default_type);
     out.content_encoding = h.content_encoding.clone();
     out.content_disposition = h.content_disposition.clone();
     out.content_language = h.content_language.clone();

@@ -11,6 +11,7 @@
 
 use super::client::BackendTarget;
 use crate::store::Store;
+use http::header::{CONTENT_RANGE, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use rand::RngExt;
@@ -71,7 +72,8 @@ pub async fn serve(listener: TcpListener, store: Store, access_key_id: String, s
             let head = req.method() == http::Method::HEAD;
             let s3 = service.clone();
             async move {
-                Ok::<_, s3s::HttpError>(ranged_head(head, s3.call(req.map(s3s::Body::from)).await?))
+                let resp = s3.call(req.map(s3s::Body::from)).await?;
+                Ok::<_, s3s::HttpError>(as_s3_answers(head, resp).await)
             }
         });
         tokio::spawn(async move {
@@ -82,16 +84,40 @@ pub async fn serve(listener: TcpListener, store: Store, access_key_id: String, s
     }
 }
 
-/// A HEAD of a range is `206`, as its GET is and as S3 answers it: s3s
-/// writes the `Content-Range` of a HEAD but leaves its status `200`.
-fn ranged_head(head: bool, mut resp: s3s::HttpResponse) -> s3s::HttpResponse {
-    if head
-        && resp.status() == http::StatusCode::OK
-        && resp.headers().contains_key(http::header::CONTENT_RANGE)
-    {
+/// Where s3s's answer differs from S3's in what a client sees:
+/// - every answer has an `x-amz-request-id`, and an error body names it in
+///   `<RequestId>` (SDKs report it; s3s writes neither);
+/// - a HEAD of a range is `206`, as its GET is: s3s writes the
+///   `Content-Range` of a HEAD but leaves its status `200`.
+async fn as_s3_answers(head: bool, mut resp: s3s::HttpResponse) -> s3s::HttpResponse {
+    let id = format!("{:016X}", rand::random::<u64>());
+    let value = http::HeaderValue::from_str(&id).expect("hex is a header value");
+    resp.headers_mut().insert("x-amz-request-id", value);
+    let status = resp.status();
+    if head && status == http::StatusCode::OK && resp.headers().contains_key(CONTENT_RANGE) {
         *resp.status_mut() = http::StatusCode::PARTIAL_CONTENT;
     }
-    resp
+    let xml = (resp.headers().get(CONTENT_TYPE)).is_some_and(|v| v.as_bytes().ends_with(b"/xml"));
+    if head || status.as_u16() < 300 || !xml {
+        return resp;
+    }
+    // An error body is a few hundred bytes: read whole, the id put in.
+    let (mut parts, body) = resp.into_parts();
+    let limited = http_body_util::Limited::new(body, 64 * 1024);
+    let Ok(body) = http_body_util::BodyExt::collect(limited).await else {
+        return http::Response::from_parts(parts, s3s::Body::empty());
+    };
+    let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+    let text = match text.rfind("</Error>") {
+        Some(at) if !text.contains("<RequestId>") => {
+            format!("{}<RequestId>{id}</RequestId>{}", &text[..at], &text[at..])
+        }
+        _ => text,
+    };
+    parts
+        .headers
+        .insert(http::header::CONTENT_LENGTH, text.len().into());
+    http::Response::from_parts(parts, s3s::Body::from(text))
 }
 
 /// Starts the embedded store on `data_dir` and returns how to reach it,
