@@ -177,6 +177,37 @@ impl Rig {
         self.fg.log_now().lines().count()
     }
 
+    /// A job paused (SIGSTOP) until its lock's lease has run out.
+    fn pause_past_its_lock(&self, job: &Job) {
+        job.pause();
+        std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
+    }
+
+    /// The zombie: `job`'s program wakes while its supervisor sleeps and
+    /// goes on writing. At least `refusals` of its requests (signed with
+    /// `access_key`) after log line `from` are refused stale, and none of
+    /// its writes lands; then its supervisor wakes, finds the lock lost
+    /// and stops it. The supervisor's exit code and the job's output.
+    fn zombie_is_refused(
+        &self,
+        job: Job,
+        access_key: &str,
+        from: usize,
+        refusals: usize,
+    ) -> (Option<i32>, String) {
+        job.resume_program();
+        let stale = [access_key, "decision=\"stale\""];
+        self.wait_log(from, &stale, refusals, "the zombie's writes to be refused");
+        std::thread::sleep(Duration::from_secs(2));
+        let (code, out) = job.finish();
+        let landed = writes_landed(&self.log_lines(from, &[access_key]));
+        assert!(
+            landed.is_empty(),
+            "the zombie's writes landed: {landed:?}\n{out}"
+        );
+        (code, out)
+    }
+
     /// Waits until `n` log lines from `from` on contain `parts`.
     fn wait_log(&self, from: usize, parts: &[&str], n: usize, what: &str) {
         common::wait_until(60, what, || self.log_lines(from, parts).len() >= n);
@@ -242,13 +273,13 @@ fn random_files(dir: &Path, n: usize, size: usize) {
     }
 }
 
-/// The lines of `lines` whose access key is `key` and whose status is 2xx
-/// for a write (PUT, POST, DELETE).
-fn writes_landed(lines: &[String]) -> Vec<&String> {
+/// The lines of `lines` that are writes (PUT, POST, DELETE) answered 2xx.
+fn writes_landed(lines: &[String]) -> Vec<String> {
     lines
         .iter()
         .filter(|l| !l.contains("method=GET") && !l.contains("method=HEAD"))
         .filter(|l| l.contains(" status=2"))
+        .cloned()
         .collect()
 }
 
@@ -284,9 +315,8 @@ fn restic_backup_paused_past_its_lock_cannot_undo_a_prune() {
     );
     let data_put = ["method=PUT", "key=\"repo/data/", "status=200"];
     rig.wait_log(from, &data_put, 2, "A to upload two packs");
-    a.pause();
+    rig.pause_past_its_lock(&a);
     let a_key = access_key_of(&rig.log_lines(from, &data_put)[0]);
-    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
 
     // B: the lock is B's now. restic's own lock is A's (its process is
     // still there, paused): B removes it, as the external lock allows,
@@ -302,22 +332,8 @@ fn restic_backup_paused_past_its_lock_cannot_undo_a_prune() {
     assert!(out.contains("deleting unreferenced packs"), "{out}");
 
     // A's program wakes while its supervisor sleeps: it goes on writing.
-    a.resume_program();
-    rig.wait_log(
-        b_from,
-        &[&a_key, "decision=\"stale\""],
-        3,
-        "A's writes to be refused",
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    let (code, out) = a.finish();
+    let (code, out) = rig.zombie_is_refused(a, &a_key, b_from, 3);
     assert_eq!(code, Some(75), "A's helper stops it, the lock lost: {out}");
-    let a_after = rig.log_lines(b_from, &[&a_key]);
-    let landed = writes_landed(&a_after);
-    assert!(
-        landed.is_empty(),
-        "A's writes after B's token landed: {landed:?}"
-    );
 
     // The repository is whole, as restic itself says.
     let (code, out) = rig.run(
@@ -374,9 +390,8 @@ fn boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only() {
     let a_results = rig.path("a.results");
     let first = results(&a_results, 3);
     assert!(first.iter().all(|l| l.ends_with(" ok")), "{first:?}");
-    a.pause();
+    rig.pause_past_its_lock(&a);
     let a_key = access_key_of(&rig.log_lines(from, &["method=PUT", "status=200"])[0]);
-    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
 
     std::fs::write(rig.path("b.go"), "").unwrap();
     let (code, out) = rig.run("b", "demo/jobs/", &run("b"), &env);
@@ -387,24 +402,14 @@ fn boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only() {
     // A wakes and writes again with each client: refused, each one.
     let b_from = rig.log_len();
     std::fs::write(rig.path("a.go"), "").unwrap();
-    a.resume_program();
+    rig.zombie_is_refused(a, &a_key, b_from, 3);
     let all = results(&a_results, 6);
     for client in ["boto3", "cli", "obstore"] {
-        let line = all
-            .iter()
-            .find(|l| l.starts_with(&format!("{client} 2")))
-            .unwrap();
-        assert!(
-            line.contains("refused") && line.contains("StaleFencingToken"),
-            "{line}"
-        );
+        let step2 = format!("{client} 2");
+        let line = all.iter().find(|l| l.starts_with(&step2)).unwrap();
+        let refused = line.contains("refused") && line.contains("StaleFencingToken");
+        assert!(refused, "{line}");
     }
-    let landed = writes_landed(&rig.log_lines(b_from, &[&a_key]))
-        .into_iter()
-        .cloned()
-        .collect::<Vec<_>>();
-    assert!(landed.is_empty(), "{landed:?}");
-    drop(a.finish());
 }
 
 #[test]
@@ -433,31 +438,14 @@ fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy() {
     );
     let put = ["method=PUT", "key=\"mirror/", "status=200"];
     rig.wait_log(from, &put, 2, "A to copy two files");
-    a.pause();
+    rig.pause_past_its_lock(&a);
     let a_key = access_key_of(&rig.log_lines(from, &put)[0]);
-    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
 
     let (code, out) = rig.run("b", "demo/mirror/", &sync("src-b", ""), &env);
     assert_eq!(code, 0, "{out}");
 
     let b_from = rig.log_len();
-    a.resume_program();
-    rig.wait_log(
-        b_from,
-        &[&a_key, "decision=\"stale\""],
-        1,
-        "A's writes to be refused",
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    let (_, out) = a.finish();
-    let landed = writes_landed(&rig.log_lines(b_from, &[&a_key]))
-        .into_iter()
-        .cloned()
-        .collect::<Vec<_>>();
-    assert!(
-        landed.is_empty(),
-        "A's writes after B's token landed: {landed:?}\n{out}"
-    );
+    rig.zombie_is_refused(a, &a_key, b_from, 1);
     // The mirror is B's copy, as rclone itself checks it.
     let (code, out) = rig.run(
         "check",
@@ -665,8 +653,7 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
     );
     let ready = common::poll_until(60, || rig.path("a.ready").exists());
     assert!(ready, "A did not archive: {}", rig.output("a"));
-    a_job.pause();
-    std::thread::sleep(Duration::from_secs(TTL_SECS + 2));
+    rig.pause_past_its_lock(&a_job);
 
     // B, the new primary, archives its own segments.
     let (code, out) = rig.run("b", scope, &push(&b, &theirs), &env);
