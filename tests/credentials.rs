@@ -341,3 +341,75 @@ async fn credentials_issued_by_one_replica_are_accepted_by_the_others() {
     let refused = put(&client_of(&keyless, &b), "jobs/w", "by B").await;
     assert_eq!(refused, Err((403, "InvalidAccessKeyId".into())));
 }
+
+/// `fencegate credentials` in the forms tools read: the aws CLI with a
+/// profile whose `credential_process` is `fencegate credentials --format
+/// process`, and a shell that `eval`s its `export` lines. Both write with
+/// the token they were given, and nothing else.
+#[tokio::test]
+async fn fencegate_credentials_feeds_credential_process_and_a_shell() {
+    let fg = start();
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    let venv = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/smoke-venv/bin");
+    let aws = venv.join("aws");
+    assert!(
+        aws.exists(),
+        "{} is missing: scripts/test installs it",
+        aws.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_fencegate");
+    let admin = format!("http://{}", fg.admin);
+    std::fs::write(dir.path().join("body"), "x").unwrap();
+    let config = dir.path().join("aws-config");
+    std::fs::write(
+        &config,
+        format!(
+            "[profile fenced]\nregion = us-east-1\ncredential_process = {bin} credentials \
+             --format process --token 61 --lock nightly --scope demo/jobs/ --admin {admin} \
+             --admin-token {ADMIN}\n"
+        ),
+    )
+    .unwrap();
+    let put = |key: &str, profile: bool| {
+        let mut c = std::process::Command::new(&aws);
+        c.args(["--endpoint-url", &fg.endpoint(), "s3api", "put-object"])
+            .args(["--bucket", "demo", "--key", key, "--body"])
+            .arg(dir.path().join("body"))
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", dir.path())
+            .env("AWS_CONFIG_FILE", &config)
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"));
+        if profile {
+            c.args(["--profile", "fenced"]);
+        }
+        c
+    };
+    let out = put("jobs/by-process", true).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stamp(&fg, "jobs/by-process").await.as_deref(), Some("61"));
+
+    // The export lines, eval'd by a shell that then runs the aws CLI.
+    let script = format!(
+        "eval \"$({bin} credentials --token 62 --scope demo/jobs/ --admin {admin} \
+         --admin-token {ADMIN})\" && exec \"$@\""
+    );
+    let cli = put("jobs/by-env", false);
+    let mut sh = std::process::Command::new("sh");
+    sh.args(["-c", &script, "sh"])
+        .arg(cli.get_program())
+        .args(cli.get_args())
+        .envs(cli.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env("AWS_DEFAULT_REGION", "us-east-1");
+    let out = sh.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stamp(&fg, "jobs/by-env").await.as_deref(), Some("62"));
+    // The older credential_process token is now stale on the job.
+    let out = put("jobs/again", true).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("StaleFencingToken"),
+        "{stderr}"
+    );
+}
