@@ -413,3 +413,42 @@ async fn fencegate_credentials_feeds_credential_process_and_a_shell() {
         "{stderr}"
     );
 }
+
+/// Every payload form of SigV4, signed with a session credential: its
+/// chunk and trailer signatures are checked with the derived secret.
+#[tokio::test]
+async fn every_payload_form_signs_with_a_session_credential() {
+    use common::raw::{Form, RawClient, RawRequest, Source};
+    let fg = start();
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    let c = issue(&fg, 70, &["demo/jobs/"], None).await;
+    let s = |k: &str| c[k].as_str().unwrap().to_string();
+    let raw = RawClient::new(&fg.endpoint());
+    let forms = [
+        Form::Unsigned,
+        Form::Sha256,
+        Form::Chunked { trailer: false },
+        Form::Chunked { trailer: true },
+        Form::UnsignedTrailer,
+    ];
+    for (i, form) in forms.into_iter().enumerate() {
+        let key = format!("jobs/form-{i}");
+        let mut r = RawRequest::new(http::Method::PUT, &format!("/demo/{key}"))
+            .header("x-amz-security-token", &s("SessionToken"));
+        r.body = Some(Source::pattern(200_000, matches!(form, Form::Sha256)));
+        r.form = form;
+        r.key = s("AccessKeyId");
+        r.secret = s("SecretAccessKey");
+        let got = raw.send(r).await.unwrap();
+        assert_eq!(got.status, 200, "form {i}: {}", got.body);
+        assert_eq!(stamp(&fg, &key).await.as_deref(), Some("70"), "form {i}");
+    }
+    // A chunk signed with another secret is refused.
+    let mut r = RawRequest::new(http::Method::PUT, "/demo/jobs/forged")
+        .header("x-amz-security-token", &s("SessionToken"));
+    r.body = Some(Source::pattern(200_000, false));
+    r.form = Form::Chunked { trailer: false };
+    r.key = s("AccessKeyId");
+    r.secret = "a-secret-that-is-not-it".into();
+    assert_eq!(raw.send(r).await.unwrap().status, 403);
+}
