@@ -10,9 +10,10 @@ an S3 endpoint (fencegate in front of a store that ignores conditions).
   each to one table at once; every commit a writer was told succeeded must
   be in the table, once.
 - slatedb: ROUNDS times, two SlateDB writers open one database at the same
-  moment and write; exactly one is fenced, the fenced one (the zombie)
-  cannot write again, and on reopening every write either was told was
-  durable reads back and the zombie's is not there.
+  moment and write; never both are left standing (one is fenced, or both
+  are when one wins the writer's epoch and the other the compactor's), a
+  fenced one (the zombie) cannot write again, and on reopening every write
+  either was told was durable reads back and the zombie's is not there.
 - terraform: while one `terraform apply` holds the S3 state lock
   (`use_lockfile`, a PUT with If-None-Match), a second one is refused the
   lock; once the first is done, the second gets it.
@@ -110,9 +111,17 @@ def slate_writer(args):
     slate_env()
     from slatedb.uniffi import CloseReason, Error
 
+    def fenced(e):
+        return isinstance(e, Error.Closed) and e.reason == CloseReason.FENCED
+
     async def run():
         await asyncio.sleep(max(0.0, start - time.time()))
-        db = await slate_open(path)
+        try:
+            db = await slate_open(path)
+        except Error.Closed as e:
+            if not fenced(e):
+                raise
+            return name, [], True  # fenced while opening
         durable = []
         for i in range(writes):
             key = f"{name}-{i}".encode()
@@ -133,7 +142,12 @@ def slate_writer(args):
                 raise RuntimeError(f"writer {name}: fenced, yet its next write was flushed")
             durable.append(key)
             await asyncio.sleep(0.02)
-        await db.shutdown()
+        try:
+            await db.shutdown()
+        except Error.Closed as e:
+            if not fenced(e):
+                raise
+            return name, durable, True
         return name, durable, False
 
     try:
@@ -172,8 +186,13 @@ def slatedb(rounds):
         durable = [k for _, keys, _ in results for k in keys]
         print(f"slatedb round {r}: fenced {fenced}, "
               + ", ".join(f"{n} wrote {len(k)}" for n, k, _ in results), flush=True)
-        if len(fenced) != 1:
-            fail(f"slatedb round {r}: {len(fenced)} writers were fenced, not exactly one")
+        # Never two writers left standing. Both may be fenced: each Db runs a
+        # compactor whose epoch is claimed apart from the writer's, so the
+        # writer that opened last can lose the compactor's claim to the
+        # other and close FENCED too (SlateDB 0.17; seen under load, on
+        # every store, with no request answered wrongly).
+        if not fenced:
+            fail(f"slatedb round {r}: neither writer was fenced")
         zombies = [f"{n}-zombie".encode() for n in fenced]
         missing = asyncio.run(read(path, durable))
         absent = asyncio.run(read(path, zombies))
