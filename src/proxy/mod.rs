@@ -56,7 +56,7 @@ use crate::s3::error::S3Error;
 use crate::s3::names;
 use crate::s3::op::{self, Access, Op, Operation};
 use crate::s3::query::{self, Param};
-use crate::s3::session::{Session, SessionKeys};
+use crate::s3::session::SessionKeys;
 use crate::s3::xml;
 use crate::upstream::client::{Upstream, clean_response_headers};
 use bytes::Bytes;
@@ -158,46 +158,6 @@ fn is_presign_param(k: &str) -> bool {
             | "X-Amz-Signature"
             | "X-Amz-Security-Token"
     )
-}
-
-/// Whether a session credential's scope reaches what `op` touches: its
-/// object (and a copy's source), or every key a listing may show (its
-/// `prefix`). DeleteObjects' keys are checked when its body is read.
-fn in_scope(s: &Session, op: &Operation, query: &[Param<'_>]) -> Result<(), S3Error> {
-    let Some(bucket) = &op.bucket else {
-        return Ok(());
-    };
-    let refuse = |what: String| {
-        let scope: Vec<String> = s.scope.iter().map(|x| x.to_string()).collect();
-        Err(S3Error::AccessDenied(format!(
-            "{what} is outside the scope of session credential {} ({}; lock {:?})",
-            s.access_key_id,
-            scope.join(", "),
-            s.lock
-        )))
-    };
-    if !s.allows_bucket(bucket) {
-        return refuse(format!("bucket {bucket}"));
-    }
-    if let Some(key) = &op.key
-        && !s.allows_key(bucket, key)
-    {
-        return refuse(format!("{bucket}/{key}"));
-    }
-    if let Some(src) = &op.copy_source
-        && !s.allows_key(&src.bucket, &src.key)
-    {
-        return refuse(format!("the copy source {}/{}", src.bucket, src.key));
-    }
-    let lists = matches!(
-        op.op,
-        Op::ListObjects | Op::ListObjectsV2 | Op::ListObjectVersions | Op::ListMultipartUploads
-    );
-    let prefix = query::query_param(query, "prefix").unwrap_or_default();
-    if lists && !s.allows_key(bucket, prefix) {
-        return refuse(format!("listing {bucket}/{prefix}"));
-    }
-    Ok(())
 }
 
 /// The key under which an open multipart upload's token is stored.
@@ -564,7 +524,7 @@ impl Proxy {
             )));
         }
         match &v.session {
-            Some(s) => in_scope(s, op, query),
+            Some(s) => s.reaches(op, query),
             None => Ok(()),
         }
     }

@@ -75,10 +75,7 @@ impl Proxy {
                 .iter()
                 .find(|o| !s.allows_key(bucket, &o.key))
         {
-            return Err(S3Error::AccessDenied(format!(
-                "{bucket}/{} is outside the scope of session credential {} (lock {:?})",
-                o.key, s.access_key_id, s.lock
-            )));
+            return Err(s.outside(&format!("{bucket}/{}", o.key)));
         }
         // Each key's resource, in the order of the keys.
         let fencing: Vec<Option<String>> = delete

@@ -24,6 +24,8 @@
 //! removes it, at the latest `max_ttl_secs` after rotating.
 
 use super::error::S3Error;
+use super::op::{Op, Operation};
+use super::query::{Param, query_param};
 use super::sigv4::{hmac, same_signature};
 use crate::config::Credential;
 use base64::Engine;
@@ -108,6 +110,49 @@ impl Session {
     /// listing, every key under the prefix `key`.
     pub fn allows_key(&self, bucket: &str, key: &str) -> bool {
         (self.scope.iter()).any(|s| s.has_bucket(bucket) && key.starts_with(&s.prefix))
+    }
+
+    /// Whether the scope reaches what `op` touches: its object (and a
+    /// copy's source), or every key a listing may show (its `prefix`).
+    /// DeleteObjects' keys are checked when its body is read.
+    pub fn reaches(&self, op: &Operation, query: &[Param<'_>]) -> Result<(), S3Error> {
+        let Some(bucket) = &op.bucket else {
+            return Ok(());
+        };
+        if !self.allows_bucket(bucket) {
+            return Err(self.outside(&format!("bucket {bucket}")));
+        }
+        if let Some(key) = &op.key
+            && !self.allows_key(bucket, key)
+        {
+            return Err(self.outside(&format!("{bucket}/{key}")));
+        }
+        if let Some(src) = &op.copy_source
+            && !self.allows_key(&src.bucket, &src.key)
+        {
+            let what = format!("the copy source {}/{}", src.bucket, src.key);
+            return Err(self.outside(&what));
+        }
+        let lists = matches!(
+            op.op,
+            Op::ListObjects | Op::ListObjectsV2 | Op::ListObjectVersions | Op::ListMultipartUploads
+        );
+        let prefix = query_param(query, "prefix").unwrap_or_default();
+        if lists && !self.allows_key(bucket, prefix) {
+            return Err(self.outside(&format!("listing {bucket}/{prefix}")));
+        }
+        Ok(())
+    }
+
+    /// `403 AccessDenied` for `what`, naming the scope and the lock.
+    pub fn outside(&self, what: &str) -> S3Error {
+        let scope: Vec<String> = self.scope.iter().map(|x| x.to_string()).collect();
+        S3Error::AccessDenied(format!(
+            "{what} is outside the scope of session credential {} ({}; lock {:?})",
+            self.access_key_id,
+            scope.join(", "),
+            self.lock
+        ))
     }
 
     /// The credential the rest of the request path sees: the scope's

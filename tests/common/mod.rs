@@ -6,6 +6,7 @@ pub mod backend;
 pub mod etcd;
 pub mod fencegate;
 pub mod garage;
+pub mod jobs;
 pub mod lock_holder;
 pub mod moto;
 pub mod postgres;
