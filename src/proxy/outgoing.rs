@@ -11,7 +11,6 @@ use crate::s3::error::S3Error;
 use crate::s3::headers::{
     X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER, number_value,
 };
-use crate::s3::op::Op;
 use crate::s3::{query, range};
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
 use http::request::Parts;
@@ -93,9 +92,7 @@ impl Proxy {
             ),
             None => forwarded_headers(&head.headers, &[self.carriers.header.as_str()]),
         };
-        if matches!(op.op, Op::GetObject | Op::HeadObject) {
-            range::forward_range(&mut headers);
-        }
+        range::forward_range(op.op, &mut headers);
         if let Some(src) = &op.copy_source {
             headers.insert(X_AMZ_COPY_SOURCE, header_value(&src.to_header())?);
         }

@@ -87,7 +87,8 @@ impl Proxy {
                 "a fencing token needs a signed request: anonymous reads carry none".into(),
             ));
         }
-        let headers = forwarded_headers(&head.headers, &[]);
+        let mut headers = forwarded_headers(&head.headers, &[]);
+        crate::s3::range::forward_range(op.op, &mut headers);
         let out = unsigned(head.method.clone(), op.bucket, op.key, &query, headers);
         self.pass_through(out).await
     }

@@ -7,6 +7,7 @@
 //! itself and forwards only a range it read, in one form, and every backend
 //! answers it as S3 does.
 
+use super::op::Op;
 use http::HeaderMap;
 
 /// One byte range, as S3 reads it: `bytes=` (the unit in any case, as
@@ -64,10 +65,14 @@ impl ByteRange {
     }
 }
 
-/// A read's `Range` as the backend gets it: the one byte range read here,
-/// in its one form, or none (a value not read, or several `Range`
-/// headers), so that the backend serves the whole object as S3 would.
-pub fn forward_range(headers: &mut HeaderMap) {
+/// A request's `Range` as the backend gets it, for a GetObject or
+/// HeadObject: the one byte range read here, in its one form, or none (a
+/// value not read, or several `Range` headers), so that the backend serves
+/// the whole object as S3 would. Other operations' headers are left alone.
+pub fn forward_range(op: Op, headers: &mut HeaderMap) {
+    if !matches!(op, Op::GetObject | Op::HeadObject) {
+        return;
+    }
     let mut values = headers.get_all(http::header::RANGE).iter();
     let read = match (values.next(), values.next()) {
         (None, _) => return,
@@ -166,13 +171,17 @@ mod tests {
     fn a_range_not_read_is_dropped() {
         let mut h = HeaderMap::new();
         h.insert(http::header::RANGE, "bytes=5-3".parse().unwrap());
-        forward_range(&mut h);
+        forward_range(Op::GetObject, &mut h);
         assert!(h.get(http::header::RANGE).is_none());
         h.insert(http::header::RANGE, "BYTES=03-5".parse().unwrap());
-        forward_range(&mut h);
+        forward_range(Op::GetObject, &mut h);
         assert_eq!(h[http::header::RANGE], "bytes=3-5");
         h.append(http::header::RANGE, "bytes=3-5".parse().unwrap());
-        forward_range(&mut h);
+        forward_range(Op::GetObject, &mut h);
         assert!(h.get(http::header::RANGE).is_none());
+        // A copy's range is not a read's: left as it is.
+        h.insert(http::header::RANGE, "bytes=5-3".parse().unwrap());
+        forward_range(Op::UploadPartCopy, &mut h);
+        assert_eq!(h[http::header::RANGE], "bytes=5-3");
     }
 }
