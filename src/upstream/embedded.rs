@@ -98,7 +98,7 @@ async fn as_s3_answers(head: bool, mut resp: s3s::HttpResponse) -> s3s::HttpResp
         *resp.status_mut() = http::StatusCode::PARTIAL_CONTENT;
     }
     let xml = (resp.headers().get(CONTENT_TYPE)).is_some_and(|v| v.as_bytes().ends_with(b"/xml"));
-    if head || status.as_u16() < 300 || !xml {
+    if head || status.as_u16() < 400 || !xml {
         return resp;
     }
     // An error body is a few hundred bytes: read whole, the id put in.
