@@ -6,7 +6,10 @@
 FORM is `presigned` (the signature and the token in the query,
 UNSIGNED-PAYLOAD) or `sha256` (header-signed, the body's hex SHA-256 in
 x-amz-content-sha256, the token in the signed x-fencing-token header: what
-the SDKs send by default). Signed by botocore, not by fencegate's code, so
+the SDKs send by default), or `get`: a GET of the same object,
+header-signed with the empty body's SHA-256 as the SDKs send it, with no
+token (a read needs none); `static` is the same GET unsigned, for nginx
+serving the object as a file. Signed by botocore, not by fencegate's code, so
 that neither the generator (wrk) nor the signer is the project's own. The
 same signed request is valid for the signature's window (15 minutes for the
 header form, an hour for the presigned one); fencegate does not refuse
@@ -38,12 +41,23 @@ elif form == "sha256":
     path = "/bench/wrk-object"
     for name in ("Authorization", "X-Amz-Date", "x-amz-content-sha256", "x-fencing-token"):
         headers[name] = req.headers[name]
+elif form in ("get", "static"):
+    req = AWSRequest(method="GET", url=url, headers={
+        "x-amz-content-sha256": hashlib.sha256(b"").hexdigest(),
+    })
+    S3SigV4Auth(creds, "s3", region).add_auth(req)
+    path = "/bench/wrk-object"
+    if form == "get":
+        for name in ("Authorization", "X-Amz-Date", "x-amz-content-sha256"):
+            headers[name] = req.headers[name]
 else:
     sys.exit(f"unknown form {form!r}")
 
+reads = form in ("get", "static")
 with open(out, "w") as f:
-    f.write('wrk.method = "PUT"\n')
+    f.write(f'wrk.method = "{"GET" if reads else "PUT"}"\n')
     f.write(f"wrk.path = {path!r}\n".replace("'", '"'))
-    f.write(f'wrk.body = string.rep("x", {size})\n')
+    if not reads:
+        f.write(f'wrk.body = string.rep("x", {size})\n')
     for k, v in headers.items():
         f.write(f'wrk.headers["{k}"] = "{v}"\n')
