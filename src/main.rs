@@ -205,21 +205,30 @@ fn lock(a: LockArgs) -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
+/// Session credentials for `token` from `lock`, asked of the admin API as
+/// `issue` says (`fencegate credentials` and `fencegate lock --credentials`).
+async fn issue_for(issue: &IssueArgs, token: u64, lock: &str) -> Result<client::Issued, String> {
+    let (admin, scope) = (&issue.admin_url, &issue.scope);
+    let admin_token = issue.admin_token.as_deref();
+    client::issue(
+        admin,
+        admin_token,
+        token,
+        lock,
+        scope,
+        issue.credentials_ttl,
+    )
+    .await
+}
+
 /// `fencegate lock --credentials`: once the lock is held, session
 /// credentials bound to its token, as the command's environment.
 fn credentials_env(issue: IssueArgs) -> fencegate::locks::helper::ExtraEnv {
     Box::new(move |token, lock| {
         Box::pin(async move {
-            let got = client::issue(
-                &issue.admin_url,
-                issue.admin_token.as_deref(),
-                token,
-                &lock,
-                &issue.scope,
-                issue.credentials_ttl,
-            )
-            .await
-            .map_err(|e| format!("cannot get credentials for token {token}: {e}"))?;
+            let got = issue_for(&issue, token, &lock)
+                .await
+                .map_err(|e| format!("cannot get credentials for token {token}: {e}"))?;
             let env = got.env(issue.s3_url.as_deref());
             Ok(env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
         })
@@ -233,15 +242,7 @@ fn credentials(c: CredentialsArgs) -> ExitCode {
         .build()
         .expect("runtime");
     let i = &c.issue;
-    let asked = client::issue(
-        &i.admin_url,
-        i.admin_token.as_deref(),
-        c.token,
-        &c.lock,
-        &i.scope,
-        i.credentials_ttl,
-    );
-    let got = match rt.block_on(asked) {
+    let got = match rt.block_on(issue_for(i, c.token, &c.lock)) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("fencegate credentials: {e}");

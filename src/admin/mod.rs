@@ -301,9 +301,7 @@ impl Admin {
                 );
             }
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = std::time::SystemTime::now();
         let issued = match issuer.issue(ask.token, &ask.lock, &ask.scope, ask.ttl_secs, now) {
             Ok(i) => i,
             Err(e) => return json(StatusCode::BAD_REQUEST, json!({"error": e})),

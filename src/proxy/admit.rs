@@ -54,15 +54,15 @@ impl Proxy {
         };
         // A session credential carries its token: every request signed
         // with it has that token, and one that says another is refused.
-        let token = match (&verified.session, token) {
-            (Some(s), Some(t)) if t != s.token && !self.session_token_ignored => {
+        let session = (verified.session.as_ref()).filter(|_| !self.session_token_ignored);
+        let token = match (session, token) {
+            (Some(s), Some(t)) if t != s.token => {
                 return Err(S3Error::InvalidFencingToken(format!(
                     "the request's fencing token {t} differs from the token {} of its session \
                      credential {} (lock {:?})",
                     s.token, s.access_key_id, s.lock
                 )));
             }
-            (Some(_), t) if self.session_token_ignored => t,
             (Some(s), _) => Some(s.token),
             (None, t) => t,
         };

@@ -284,10 +284,7 @@ fn session_credential(
             claim.access_key
         ))
     })?;
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (s, secret) = keys.verify(claim.access_key, &token, secs)?;
+    let (s, secret) = keys.verify(claim.access_key, &token, now)?;
     let key = SigningKey::new(&signing_key(
         &secret,
         claim.date,

@@ -32,6 +32,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Every session access key id begins so (AWS's own begin with `ASIA`).
 pub const KEY_PREFIX: &str = "FGS";
@@ -271,12 +272,12 @@ impl SessionKeys {
 
     /// The session `session_token` describes and the secret it was issued
     /// with, if fencegate issued it for `access_key_id` and it has not
-    /// expired at `now` (Unix seconds).
+    /// expired at `now`.
     pub fn verify(
         &self,
         access_key_id: &str,
         session_token: &str,
-        now: u64,
+        now: SystemTime,
     ) -> Result<(Session, String), S3Error> {
         let invalid = |why: &str| S3Error::InvalidToken(format!("the session token {why}"));
         let (signed, mac_b64) = session_token
@@ -301,7 +302,7 @@ impl SessionKeys {
         if session.access_key_id != access_key_id {
             return Err(invalid("belongs to another access key id"));
         }
-        if now >= session.expires {
+        if unix_secs(now) >= session.expires {
             return Err(S3Error::ExpiredToken);
         }
         let secret = secret(&key.key, &mac);
@@ -346,7 +347,7 @@ impl Issuer {
         lock: &str,
         scope: &[String],
         ttl_secs: Option<u64>,
-        now: u64,
+        now: SystemTime,
     ) -> Result<Issued, String> {
         let ttl = ttl_secs.unwrap_or(self.default_ttl_secs);
         if ttl == 0 || ttl > self.max_ttl_secs {
@@ -362,7 +363,7 @@ impl Issuer {
                 .map(|s| Scope::parse(s))
                 .collect::<Result<_, _>>()?,
         };
-        Ok(self.keys.issue(token, lock, scope, now + ttl))
+        Ok(self.keys.issue(token, lock, scope, unix_secs(now) + ttl))
     }
 }
 
@@ -373,6 +374,11 @@ pub fn rfc3339(unix: u64) -> String {
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
         c.year, c.month, c.day, c.hour, c.minute, c.second
     )
+}
+
+/// Seconds since 1970, as expiries are kept.
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 fn mac(key: &[u8], signed: &str) -> [u8; 32] {
@@ -400,6 +406,10 @@ mod tests {
         }
     }
 
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_secs(secs)
+    }
+
     fn scope(s: &str) -> Vec<Scope> {
         vec![Scope::parse(s).unwrap()]
     }
@@ -409,7 +419,9 @@ mod tests {
         let k = keys("issuing-key-0123456789abcdefghijkl");
         let i = k.issue(42, "backup", scope("b/jobs/"), 1000);
         assert!(is_session_key(&i.access_key_id));
-        let (s, secret) = k.verify(&i.access_key_id, &i.session_token, 999).unwrap();
+        let (s, secret) = k
+            .verify(&i.access_key_id, &i.session_token, at(999))
+            .unwrap();
         assert_eq!(secret, i.secret_access_key);
         assert_eq!((s.token, s.lock.as_str()), (42, "backup"));
         // Nothing of the secret is in what travels.
@@ -422,7 +434,7 @@ mod tests {
         let i = k.issue(42, "backup", scope("b/jobs/"), 1000);
         let code = |r: Result<(Session, String), S3Error>| r.unwrap_err().code();
         assert_eq!(
-            code(k.verify(&i.access_key_id, &i.session_token, 1000)),
+            code(k.verify(&i.access_key_id, &i.session_token, at(1000))),
             "ExpiredToken"
         );
         // The body altered to a higher token: the MAC no longer holds.
@@ -434,18 +446,21 @@ mod tests {
             "{prefix}.{}.{mac}",
             B64.encode(serde_json::to_vec(&s).unwrap())
         );
-        assert_eq!(code(k.verify(&i.access_key_id, &forged, 1)), "InvalidToken");
+        assert_eq!(
+            code(k.verify(&i.access_key_id, &forged, at(1))),
+            "InvalidToken"
+        );
         let other = keys("another-key-0123456789abcdefghijklm");
         assert_eq!(
-            code(other.verify(&i.access_key_id, &i.session_token, 1)),
+            code(other.verify(&i.access_key_id, &i.session_token, at(1))),
             "InvalidToken"
         );
         assert_eq!(
-            code(k.verify("FGSOTHER", &i.session_token, 1)),
+            code(k.verify("FGSOTHER", &i.session_token, at(1))),
             "InvalidToken"
         );
         assert_eq!(
-            code(k.verify(&i.access_key_id, "garbage", 1)),
+            code(k.verify(&i.access_key_id, "garbage", at(1))),
             "InvalidToken"
         );
     }
@@ -458,7 +473,7 @@ mod tests {
         rotated.keys.extend(old.keys);
         assert!(
             rotated
-                .verify(&i.access_key_id, &i.session_token, 1)
+                .verify(&i.access_key_id, &i.session_token, at(1))
                 .is_ok()
         );
         let fresh = rotated.issue(8, "l", scope("*"), 1000);
