@@ -270,12 +270,10 @@ async fn shared_gate(
 
 /// The debug switches that take a guarantee away, to show its tests fail.
 fn unsafe_switches(gate: &mut Gate) {
-    if std::env::var("FENCEGATE_UNSAFE_UNORDERED").as_deref() == Ok("1") {
-        tracing::warn!("FENCEGATE_UNSAFE_UNORDERED=1: the ordering barrier is OFF (debug only)");
+    if crate::proxy::unsafe_switch("FENCEGATE_UNSAFE_UNORDERED", "the ordering barrier") {
         gate.set_ordered(false);
     }
-    if std::env::var("FENCEGATE_UNSAFE_NO_HOLD").as_deref() == Ok("1") {
-        tracing::warn!("FENCEGATE_UNSAFE_NO_HOLD=1: conditional writes are not held (debug only)");
+    if crate::proxy::unsafe_switch("FENCEGATE_UNSAFE_NO_HOLD", "the conditional writes' hold") {
         gate.holds_mut().set_off(true);
     }
 }

@@ -165,11 +165,12 @@ fn upload_key(bucket: &str, key: &str, upload_id: &str) -> String {
     format!("{bucket}/{key}\n{upload_id}")
 }
 
-/// A debug switch that takes a guarantee away, read once at start.
-fn unsafe_switch(name: &str) -> bool {
+/// A debug switch that takes `what` away, read once at start, to see the
+/// tests of a guarantee fail: `NAME=1`, said loudly.
+pub(crate) fn unsafe_switch(name: &str, what: &str) -> bool {
     let on = std::env::var(name).as_deref() == Ok("1");
     if on {
-        tracing::warn!("{name}=1: a guarantee is OFF (debug only)");
+        tracing::warn!("{name}=1: {what} is OFF (debug only)");
     }
     on
 }
@@ -212,7 +213,10 @@ impl Proxy {
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             conditional_writes: cfg.fence.conditional_writes,
-            session_token_ignored: unsafe_switch("FENCEGATE_UNSAFE_SESSION_NO_TOKEN"),
+            session_token_ignored: unsafe_switch(
+                "FENCEGATE_UNSAFE_SESSION_NO_TOKEN",
+                "the token of session credentials",
+            ),
             peers,
             next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
