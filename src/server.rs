@@ -34,57 +34,86 @@ use tokio_rustls::TlsAcceptor;
 #[error("{0}")]
 pub struct StartError(pub String);
 
-/// The backend to forward to, and the embedded store when it is that.
-async fn backend_target(cfg: &Config) -> Result<(BackendTarget, Option<Store>), StartError> {
-    match cfg.backend.kind {
-        BackendKind::Embedded => {
-            let (target, store) = embedded::start(&cfg.server.data_dir, &cfg.server.region)
-                .await
-                .map_err(StartError)?;
-            Ok((target, Some(store)))
-        }
-        BackendKind::S3 => {
-            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-            let access_key_id = cfg
-                .backend
-                .access_key_id
-                .clone()
-                .or_else(|| env("AWS_ACCESS_KEY_ID"))
-                .ok_or_else(|| {
-                    StartError(
-                        "backend credentials: set backend.access_key_id or AWS_ACCESS_KEY_ID"
-                            .into(),
-                    )
-                })?;
-            let secret_access_key = cfg
-                .backend
-                .secret_access_key
-                .as_ref()
-                .map(|s| s.expose().to_string())
-                .or_else(|| env("AWS_SECRET_ACCESS_KEY"))
-                .ok_or_else(|| StartError("backend credentials: set backend.secret_access_key or AWS_SECRET_ACCESS_KEY".into()))?;
-            let region = cfg
-                .backend
-                .region
-                .clone()
-                .or_else(|| env("AWS_REGION"))
-                .unwrap_or_else(|| cfg.server.region.clone());
-            let target = BackendTarget {
-                endpoint: cfg
-                    .backend
-                    .endpoint
-                    .as_deref()
-                    .unwrap_or_default()
-                    .parse()
-                    .map_err(|e| StartError(format!("backend.endpoint: {e}")))?,
-                region,
-                access_key_id,
-                secret_access_key,
-                virtual_host: cfg.backend.addressing == crate::config::Addressing::VirtualHost,
-            };
-            Ok((target, None))
-        }
+/// The backend to forward to: how fencegate reaches it, what to call it in
+/// the start-up line, the address readiness connects to (none in-process),
+/// and the embedded store when it is that.
+struct Backend {
+    upstream: Upstream,
+    desc: String,
+    addr: Option<String>,
+    store: Option<Store>,
+}
+
+fn backend(cfg: &Config) -> Result<Backend, StartError> {
+    let timeout = Duration::from_millis(cfg.backend.timeout_ms);
+    if cfg.backend.kind == BackendKind::Embedded {
+        let (store, key, opened) = embedded::open(&cfg.server.data_dir).map_err(StartError)?;
+        return Ok(Backend {
+            upstream: Upstream::in_process(store, key, &cfg.server.region, timeout),
+            desc: format!("embedded, in-process ({})", cfg.server.data_dir.display()),
+            addr: None,
+            store: Some(opened),
+        });
     }
+    let target = backend_target(cfg)?;
+    let desc = target.endpoint.to_string();
+    let addr = target.endpoint.authority().map(|a| match a.port() {
+        Some(_) => a.to_string(),
+        None => format!("{}:80", a.host()),
+    });
+    let upstream =
+        Upstream::new(target, timeout, cfg.backend.ca_file.as_deref()).map_err(StartError)?;
+    Ok(Backend {
+        upstream,
+        desc,
+        addr,
+        store: None,
+    })
+}
+
+/// Where an S3 backend is and who fencegate is to it.
+fn backend_target(cfg: &Config) -> Result<BackendTarget, StartError> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let access_key_id = cfg
+        .backend
+        .access_key_id
+        .clone()
+        .or_else(|| env("AWS_ACCESS_KEY_ID"))
+        .ok_or_else(|| {
+            StartError("backend credentials: set backend.access_key_id or AWS_ACCESS_KEY_ID".into())
+        })?;
+    let secret_access_key = cfg
+        .backend
+        .secret_access_key
+        .as_ref()
+        .map(|s| s.expose().to_string())
+        .or_else(|| env("AWS_SECRET_ACCESS_KEY"))
+        .ok_or_else(|| {
+            StartError(
+                "backend credentials: set backend.secret_access_key or AWS_SECRET_ACCESS_KEY"
+                    .into(),
+            )
+        })?;
+    let region = cfg
+        .backend
+        .region
+        .clone()
+        .or_else(|| env("AWS_REGION"))
+        .unwrap_or_else(|| cfg.server.region.clone());
+    let target = BackendTarget {
+        endpoint: cfg
+            .backend
+            .endpoint
+            .as_deref()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| StartError(format!("backend.endpoint: {e}")))?,
+        region,
+        access_key_id,
+        secret_access_key,
+        virtual_host: cfg.backend.addressing == crate::config::Addressing::VirtualHost,
+    };
+    Ok(target)
 }
 
 /// Runs fencegate until a shutdown signal: start-up, the listeners bound,
@@ -168,25 +197,12 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         .map_err(StartError)?;
     // After the recorder: the watchers report their state as metrics.
     crate::locks::eager::spawn_all(&cfg.locks, &cfg.eager, gate.clone());
-    let (target, store) = backend_target(cfg).await?;
-    let backend_desc = target.endpoint.to_string();
-    let backend_addr = target
-        .endpoint
-        .authority()
-        .map(|a| {
-            if a.port().is_some() {
-                a.to_string()
-            } else {
-                format!("{}:80", a.host())
-            }
-        })
-        .unwrap_or_default();
-    let upstream = Upstream::new(
-        target,
-        Duration::from_millis(cfg.backend.timeout_ms),
-        cfg.backend.ca_file.as_deref(),
-    )
-    .map_err(StartError)?;
+    let Backend {
+        upstream,
+        desc: backend_desc,
+        addr: backend_addr,
+        store,
+    } = backend(cfg)?;
     let tls = match (&cfg.server.tls_cert, &cfg.server.tls_key) {
         (Some(cert), Some(key)) => Some(TlsAcceptor::from(
             crate::tls::server_config(cert, key).map_err(StartError)?,

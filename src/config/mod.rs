@@ -223,7 +223,7 @@ impl FenceConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum BackendKind {
-    /// An S3 server on a local directory, started in-process (s3s-fs).
+    /// fencegate's own store (`src/store/`), called in-process.
     Embedded,
     /// Any S3-compatible endpoint.
     S3,

@@ -26,19 +26,18 @@ use crate::fence::gate::Permit;
 use crate::fence::hold::ObjectHold;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
-use crate::upstream::client::Outgoing;
+use crate::upstream::client::{AnswerBody, Outgoing};
 use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-type Answer = Result<Response<Incoming>, S3Error>;
+type Answer = Result<Response<AnswerBody>, S3Error>;
 type Sending = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// What a fenced write's exchange needs to end well on its own.
@@ -64,7 +63,7 @@ impl Proxy {
             // fenced write's is: unboxed, the upstream request's future
             // (~3 KB) would size every request's future.
             let resp = Box::pin(upstream.send(out)).await?;
-            return Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed()));
+            return Ok(resp.map(BodyExt::boxed));
         }
         let hold = Hold {
             permits,
@@ -147,7 +146,7 @@ impl Drop for PendingHead {
 /// reads the rest in a task of its own.
 struct HeldBody {
     /// Taken by `drop` when the rest must be read in a task.
-    inner: Option<Incoming>,
+    inner: Option<AnswerBody>,
     /// The longest wait for the answer's next frame.
     stall: IdleTimer,
     hold: Option<Hold>,
@@ -217,7 +216,7 @@ fn spawn(rest: impl Future<Output = ()> + Send + 'static) {
 
 /// Reads what is left of an answer the client no longer listens to, then
 /// settles.
-async fn drain(mut body: Incoming, hold: Hold) {
+async fn drain(mut body: AnswerBody, hold: Hold) {
     let lost = loop {
         match tokio::time::timeout(hold.idle, body.frame()).await {
             Ok(None) => break None,

@@ -14,7 +14,7 @@
 //! read the error code and `x-fencing-highest-token`.
 
 use super::{Proxy, RequestCtx, read_small_body};
-use crate::body::{BoxError, ProxyBody};
+use crate::body::ProxyBody;
 use crate::s3::error::S3Error;
 use crate::s3::op::Access;
 use crate::s3::query::{self, Param};
@@ -98,7 +98,7 @@ impl Proxy {
         let resp = self.upstream.send(out).await?;
         let (mut parts, body) = resp.into_parts();
         clean_response_headers(&mut parts.headers);
-        let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
+        let body = body.boxed();
         Ok(Response::from_parts(parts, body))
     }
 
@@ -129,7 +129,7 @@ impl Proxy {
         let asked = async {
             let resp = self.upstream.send(ask).await.ok()?;
             let (parts, body) = resp.into_parts();
-            let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
+            let body = body.boxed();
             // Read to the end, so the connection goes back to the pool.
             let _ = read_small_body(body, 64 << 10).await;
             Some(parts)

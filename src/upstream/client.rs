@@ -1,8 +1,12 @@
-//! Forwarding to the backend over hyper: the upstream URL, header filtering,
+//! Forwarding to the backend: the upstream URL, header filtering,
 //! re-signing with the backend's credentials (`s3::sign`, the same SigV4
-//! code that verifies clients), and a streaming body both ways.
+//! code that verifies clients), and a streaming body both ways. A real
+//! store is reached over hyper; the embedded one is called in-process
+//! (`upstream::embedded`), with the same request and no signature.
 
+use super::embedded::{InProcess, Trusted};
 use super::pool::Pool;
+use crate::body::BoxError;
 use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
 use crate::s3::headers::{
@@ -14,8 +18,12 @@ use crate::s3::sign::HeaderSigner;
 use crate::s3::sigv4::{EMPTY_SHA256, push_encoded};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
+use http_body::Frame;
 use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
 
 pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
@@ -58,11 +66,54 @@ pub struct BackendTarget {
 }
 
 pub struct Upstream {
-    pool: Pool,
+    route: Route,
     target: BackendTarget,
     host: HeaderValue,
     timeout: Duration,
     signer: HeaderSigner,
+}
+
+/// How a request reaches the backend.
+enum Route {
+    /// Over HTTP(S), from a pool of connections.
+    Wire(Pool),
+    /// The embedded store, called in-process.
+    InProcess(InProcess),
+}
+
+/// A backend's answer body: off the wire, or from the embedded store.
+pub enum AnswerBody {
+    Wire(Incoming),
+    InProcess(s3s::Body),
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            AnswerBody::Wire(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            AnswerBody::InProcess(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnswerBody::Wire(b) => b.is_end_stream(),
+            AnswerBody::InProcess(b) => http_body::Body::is_end_stream(b),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            AnswerBody::Wire(b) => b.size_hint(),
+            AnswerBody::InProcess(b) => http_body::Body::size_hint(b),
+        }
+    }
 }
 
 /// Hop-by-hop headers: they describe one connection, so they go neither
@@ -132,18 +183,50 @@ impl Upstream {
             crate::tls::client_config_without_roots()?
         };
         let pool = Pool::new(tls, target.endpoint.clone(), Duration::from_secs(30));
+        Ok(Self::with_route(Route::Wire(pool), target, host, timeout))
+    }
+
+    /// The embedded store, called in-process with its credential.
+    pub fn in_process(
+        store: InProcess,
+        (access_key_id, secret_access_key): (String, String),
+        region: &str,
+        timeout: Duration,
+    ) -> Upstream {
+        let target = BackendTarget {
+            endpoint: Uri::from_static("http://embedded.fencegate.invalid"),
+            region: region.to_string(),
+            access_key_id,
+            secret_access_key,
+            virtual_host: false,
+        };
+        let host = HeaderValue::from_static("embedded.fencegate.invalid");
+        Self::with_route(Route::InProcess(store), target, host, timeout)
+    }
+
+    fn with_route(
+        route: Route,
+        target: BackendTarget,
+        host: HeaderValue,
+        timeout: Duration,
+    ) -> Self {
         let signer = HeaderSigner::new(
             &target.access_key_id,
             &target.secret_access_key,
             &target.region,
         );
-        Ok(Upstream {
-            pool,
+        Upstream {
+            route,
             signer,
             target,
             host,
             timeout,
-        })
+        }
+    }
+
+    /// Whether the backend is the embedded store, in this process.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.route, Route::InProcess(_))
     }
 
     /// How long a backend may take to answer (and, for an answer's body,
@@ -184,7 +267,7 @@ impl Upstream {
 
     /// Signs (unless anonymous) and sends `out`; resolves with the backend's
     /// response head.
-    pub async fn send(&self, out: Outgoing) -> Result<Response<Incoming>, S3Error> {
+    pub async fn send(&self, out: Outgoing) -> Result<Response<AnswerBody>, S3Error> {
         let uri = self.uri(&out)?;
         let mut headers = out.headers;
         let host = match (&out.bucket, self.target.virtual_host) {
@@ -200,11 +283,12 @@ impl Upstream {
         if let Some(len) = out.content_length {
             headers.insert(http::header::CONTENT_LENGTH, number_value(len));
         }
-        let body: UpstreamBody = match out.body {
-            Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
-            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
-        };
-        if !out.anonymous {
+        // In-process, only the form s3s decodes for an authenticated
+        // request alone is signed (see `upstream::embedded`).
+        let sign = !out.anonymous
+            && (matches!(self.route, Route::Wire(_))
+                || matches!(out.payload, UpstreamPayload::StreamingUnsignedTrailer));
+        if sign {
             let payload = match &out.payload {
                 UpstreamPayload::Empty => EMPTY_SHA256,
                 UpstreamPayload::Unsigned => "UNSIGNED-PAYLOAD",
@@ -215,15 +299,109 @@ impl Upstream {
             let now = SystemTime::now();
             (self.signer).sign(method, path, &out.query, &mut headers, payload, now)?;
         }
-        let mut req = Request::new(body);
+        let mut req = Request::new(());
         *req.method_mut() = out.method;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
+        let sending = async {
+            match &self.route {
+                Route::Wire(pool) => Self::over_wire(pool, req, out.body).await,
+                Route::InProcess(store) => {
+                    let trusted = !out.anonymous;
+                    Self::in_process_call(store, req, out.body, out.content_length, trusted).await
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, sending).await {
             Err(_) => Err(S3Error::BadGateway("backend timed out".into())),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(body_error(&*e)
+            Ok(answer) => answer,
+        }
+    }
+
+    async fn over_wire(
+        pool: &Pool,
+        req: Request<()>,
+        frames: Option<FrameStream>,
+    ) -> Result<Response<AnswerBody>, S3Error> {
+        let body: UpstreamBody = match frames {
+            Some(frames) => BodyExt::boxed_unsync(StreamBody::new(frames)),
+            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
+        };
+        match pool.send(req.map(|()| body)).await {
+            Ok(resp) => Ok(resp.map(AnswerBody::Wire)),
+            Err(e) => Err(body_error(&*e)
                 .unwrap_or_else(|| S3Error::BadGateway(format!("{e}: {}", error_chain(&*e))))),
+        }
+    }
+
+    /// The embedded store's answer. If fencegate's own body stream failed
+    /// (a stale abort, a bad digest, a short body), that failure is the
+    /// answer, as it is when a socket's send fails: the store only saw a
+    /// broken body.
+    async fn in_process_call(
+        store: &InProcess,
+        mut req: Request<()>,
+        frames: Option<FrameStream>,
+        len: Option<u64>,
+        trusted: bool,
+    ) -> Result<Response<AnswerBody>, S3Error> {
+        if trusted {
+            req.extensions_mut().insert(Trusted);
+        }
+        let failure = Arc::new(std::sync::Mutex::new(None));
+        let body = match frames {
+            Some(frames) => s3s::Body::http_body_unsync(LocalBody {
+                frames,
+                left: len,
+                failure: failure.clone(),
+            }),
+            None => s3s::Body::empty(),
+        };
+        let resp = store.call(req.map(|()| body)).await;
+        // The store has read all of the body it will read: a failure of
+        // fencegate's stream is recorded by now.
+        let failed = failure.lock().expect("never poisoned").take();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(resp.map(AnswerBody::InProcess)),
+        }
+    }
+}
+
+/// A request body handed to the embedded store: its exact length known
+/// (the store and s3s see what a socket's `Content-Length` told them), and
+/// its stream's failure kept for the caller.
+struct LocalBody {
+    frames: FrameStream,
+    left: Option<u64>,
+    failure: Arc<std::sync::Mutex<Option<S3Error>>>,
+}
+
+impl http_body::Body for LocalBody {
+    type Data = Bytes;
+    type Error = S3Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, S3Error>>> {
+        let polled = ready!(self.frames.as_mut().poll_next(cx));
+        match &polled {
+            Some(Ok(frame)) => {
+                if let (Some(left), Some(d)) = (&mut self.left, frame.data_ref()) {
+                    *left = left.saturating_sub(d.len() as u64);
+                }
+            }
+            Some(Err(e)) => *self.failure.lock().expect("never poisoned") = Some(e.clone()),
+            None => {}
+        }
+        Poll::Ready(polled)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self.left {
+            Some(n) => http_body::SizeHint::with_exact(n),
+            None => http_body::SizeHint::default(),
         }
     }
 }

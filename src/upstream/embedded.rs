@@ -1,9 +1,19 @@
-//! The embedded default backend: fencegate's own object store (`store`),
-//! started in-process on a loopback port with a random credential, so that
-//! fencegate forwards to it exactly as it forwards to a real store. The
-//! credential is kept in the data directory (`embedded.key`, mode 0600):
-//! a new key per start would be harmless today, but a stable one lets an
-//! operator reach the store for repairs.
+//! The embedded default backend: fencegate's own object store (`store`)
+//! behind s3s, called in-process. fencegate hands it the request it built
+//! for a backend ([`InProcess::call`]): no socket, no HTTP parse, and no
+//! second signature, since nothing but fencegate can reach it. Nothing on
+//! the wire can mark a request as fencegate's own: the mark is a request
+//! extension ([`Trusted`]), so an anonymous read stays anonymous and the
+//! store refuses it, as a store on a socket would.
+//!
+//! One form is still signed: a body with checksum trailers
+//! (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`), because s3s decodes aws-chunked
+//! and hands the store its trailers only for a request it authenticated.
+//!
+//! The same store can be served alone on a socket ([`serve`]:
+//! `fencegate bench store`, and the tests of the store straight). Its
+//! credential is kept in the data directory (`embedded.key`, mode 0600), so
+//! an operator can serve it for repairs with a stable key.
 //!
 //! The store keeps its index and blobs in `<data_dir>/store/`. A data
 //! directory the earlier default (s3s-fs) wrote, `<data_dir>/objects/`, is
@@ -11,12 +21,14 @@
 
 use super::client::BackendTarget;
 use crate::store::Store;
-use http::header::{CONTENT_RANGE, CONTENT_TYPE};
+use http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use rand::RngExt;
+use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::SimpleAuth;
-use s3s::service::S3ServiceBuilder;
+use s3s::service::{S3Service, S3ServiceBuilder};
+use s3s::{S3Result, s3_error};
 use std::path::Path;
 use tokio::net::TcpListener;
 
@@ -54,14 +66,71 @@ fn credential(path: &Path) -> Result<(String, String), String> {
     Ok(key)
 }
 
+/// Marks an in-process request as fencegate's own, signed or not. Only
+/// code can set a request extension; a request from the wire never has it.
+#[derive(Clone, Copy)]
+pub struct Trusted;
+
+/// Who may call the store: a request signed with its credential, or one
+/// fencegate marked as its own. Anything else is anonymous, and refused.
+struct Access;
+
+#[async_trait::async_trait]
+impl S3Access for Access {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        if cx.credentials().is_some() || cx.extensions_mut().get::<Trusted>().is_some() {
+            return Ok(());
+        }
+        Err(s3_error!(AccessDenied, "Signature is required"))
+    }
+}
+
+fn service(store: Store, access_key_id: String, secret: String) -> S3Service {
+    let mut b = S3ServiceBuilder::new(store);
+    b.set_auth(SimpleAuth::from_single(access_key_id, secret));
+    b.set_access(Access);
+    b.build()
+}
+
+/// The store as fencegate calls it, in-process.
+#[derive(Clone)]
+pub struct InProcess {
+    service: S3Service,
+}
+
+impl InProcess {
+    /// The store's answer to `req`: what it would have answered on a
+    /// socket, with no socket. `req` carries [`Trusted`] unless it is to be
+    /// judged as anonymous.
+    pub async fn call(&self, req: http::Request<s3s::Body>) -> s3s::HttpResponse {
+        let head = req.method() == http::Method::HEAD;
+        let resp = match self.service.call(req).await {
+            Ok(resp) => resp,
+            // s3s renders every S3 error itself: what is left is its own
+            // failure, which a socket would have shown as a broken answer.
+            Err(e) => {
+                tracing::error!("embedded store: {e:?}");
+                let mut resp = http::Response::new(s3s::Body::empty());
+                *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                resp
+            }
+        };
+        let mut resp = as_s3_answers(head, resp).await;
+        // What hyper writes on a socket from the body's exact size, for a
+        // HEAD too (an error's length: its body is not sent).
+        let exact = http_body::Body::size_hint(resp.body()).exact();
+        if let (false, Some(n)) = (resp.headers().contains_key(CONTENT_LENGTH), exact) {
+            resp.headers_mut().insert(CONTENT_LENGTH, n.into());
+        }
+        resp
+    }
+}
+
 /// Serves `store` as S3 on `listener` to the one credential given, until
-/// the process ends. `fencegate bench store` calls it too.
+/// the process ends: the store alone, for `fencegate bench store`, tests,
+/// and repairs.
 pub async fn serve(listener: TcpListener, store: Store, access_key_id: String, secret: String) {
-    let service = {
-        let mut b = S3ServiceBuilder::new(store);
-        b.set_auth(SimpleAuth::from_single(access_key_id, secret));
-        b.build()
-    };
+    let service = service(store, access_key_id, secret);
     loop {
         let Ok((sock, _)) = listener.accept().await else {
             continue;
@@ -120,14 +189,29 @@ async fn as_s3_answers(head: bool, mut resp: s3s::HttpResponse) -> s3s::HttpResp
     http::Response::from_parts(parts, s3s::Body::from(text))
 }
 
-/// Starts the embedded store on `data_dir` and returns how to reach it,
-/// and the store (for readiness).
-pub async fn start(data_dir: &Path, region: &str) -> Result<(BackendTarget, Store), String> {
+/// Opens the store on `data_dir` (recovering what a crash left) with its
+/// credential.
+fn open_store(data_dir: &Path) -> Result<(Store, (String, String)), String> {
     let legacy = data_dir.join("objects");
     let store_dir = data_dir.join("store");
     let store = tokio::task::block_in_place(|| Store::open(&store_dir, Some(&legacy)))?;
     store.spawn_recovery();
-    let (access_key_id, secret_access_key) = credential(&data_dir.join("embedded.key"))?;
+    Ok((store, credential(&data_dir.join("embedded.key"))?))
+}
+
+/// Opens the embedded store on `data_dir` for fencegate to call in-process:
+/// the caller, its credential (for the one signed form), and the store
+/// (for readiness).
+pub fn open(data_dir: &Path) -> Result<(InProcess, (String, String), Store), String> {
+    let (store, (key, secret)) = open_store(data_dir)?;
+    let service = service(store.clone(), key.clone(), secret.clone());
+    Ok((InProcess { service }, (key, secret), store))
+}
+
+/// Opens the embedded store on `data_dir` and serves it alone on a
+/// loopback port: how to reach it, and the store.
+pub async fn start(data_dir: &Path, region: &str) -> Result<(BackendTarget, Store), String> {
+    let (store, (access_key_id, secret_access_key)) = open_store(data_dir)?;
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .map_err(|e| format!("embedded store: cannot listen: {e}"))?;
