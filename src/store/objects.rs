@@ -400,19 +400,20 @@ impl Store {
             }
         }
     }
+}
 
-    /// The record at `(bucket, key)`, or `NoSuchKey` (`NoSuchBucket`).
-    pub(super) async fn object(&self, bucket: &str, key: &str) -> S3Result<ObjectRecord> {
-        let (bucket, key) = (bucket.to_string(), key.to_string());
-        self.read(move |txn| {
-            bucket_must_exist(txn, &bucket)?;
-            let t = txn.open_table(OBJECTS).map_err(internal)?;
-            current(&t, &bucket, &key)
-                .map_err(internal)?
-                .ok_or_else(|| s3_error!(NoSuchKey, "the key does not exist"))
-        })
-        .await
-    }
+/// The record at `(bucket, key)` as `txn` sees it, or `NoSuchKey`
+/// (`NoSuchBucket`).
+pub(super) fn object_in(
+    txn: &redb::ReadTransaction,
+    bucket: &str,
+    key: &str,
+) -> S3Result<ObjectRecord> {
+    bucket_must_exist(txn, bucket)?;
+    let t = txn.open_table(OBJECTS).map_err(internal)?;
+    current(&t, bucket, key)
+        .map_err(internal)?
+        .ok_or_else(|| s3_error!(NoSuchKey, "the key does not exist"))
 }
 
 /// Only the one version an unversioned bucket has: `null`.

@@ -14,8 +14,8 @@
 //! seconds, the precision of the HTTP dates clients send back.
 
 use super::index::ObjectRecord;
-use super::objects::check_version;
-use super::{Store, timestamp};
+use super::objects::{check_version, object_in};
+use super::{Store, internal, timestamp};
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
@@ -74,11 +74,19 @@ impl ReadConditions {
     }
 }
 
+/// The most bytes a GET reads in the same trip off the async threads as
+/// its record: one hand-off to the blocking pool for a small object, where
+/// streaming it costs one for the index and one for each of opening,
+/// seeking and reading the file.
+const READ_WITH_RECORD: u64 = 256 * 1024;
+
 /// What a GET or HEAD reads: the record, once its version and conditions
-/// have passed, and the bytes asked for.
+/// have passed, the bytes asked for, and those bytes themselves when they
+/// were small enough to read with the record.
 struct Selected {
     record: ObjectRecord,
     bytes: Bytes,
+    read: Option<bytes::Bytes>,
 }
 
 impl Selected {
@@ -98,20 +106,41 @@ impl Selected {
 
 impl Store {
     /// The one way GET and HEAD pick what they read: the version (only
-    /// `null`), the object, its conditions, the range or part.
+    /// `null`), the object, its conditions, the range or part; with `read`,
+    /// the bytes too when they are few (`READ_WITH_RECORD`).
     async fn select(
         &self,
         (bucket, key, version): (&str, &str, Option<&str>),
         conditions: ReadConditions,
-        range: Option<&Range>,
+        range: Option<Range>,
         part: Option<i32>,
+        read: bool,
     ) -> S3Result<Selected> {
         check_version(version)?;
-        let record = self.object(bucket, key).await?;
-        let modified = timestamp(record.last_modified_ms);
-        conditions.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
-        let bytes = byte_range(&record, range, part)?;
-        Ok(Selected { record, bytes })
+        let (bucket, key) = (bucket.to_string(), key.to_string());
+        let blobs = self.blobs.clone();
+        self.read(move |txn| {
+            let record = object_in(txn, &bucket, &key)?;
+            let modified = timestamp(record.last_modified_ms);
+            conditions.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
+            let bytes = byte_range(&record, range.as_ref(), part)?;
+            let (start, end) = (bytes.range.start, bytes.range.end);
+            let read = match read && end - start <= READ_WITH_RECORD {
+                // Held while read, as a streamed read holds its blobs.
+                true => {
+                    let _reading = blobs.hold_for_read(record.blobs().collect());
+                    let segments = record.segments.iter().map(|s| (s.blob, s.offset, s.len));
+                    Some(blobs.read_now(segments, start, end).map_err(internal)?)
+                }
+                false => None,
+            };
+            Ok(Selected {
+                record,
+                bytes,
+                read,
+            })
+        })
+        .await
     }
 
     pub(super) async fn get_object(
@@ -129,24 +158,31 @@ impl Store {
             .select(
                 (&input.bucket, &input.key, input.version_id.as_deref()),
                 conditions,
-                input.range.as_ref(),
+                input.range,
                 input.part_number,
+                true,
             )
             .await?;
         let record = &sel.record;
-        let segments = record
-            .segments
-            .iter()
-            .map(|s| (s.blob, s.offset, s.len))
-            .collect();
-        let reading = self.blobs.hold_for_read(record.blobs().collect());
-        let stream = (self.blobs).read(segments, sel.bytes.range.start, sel.bytes.range.end);
-        let stream = futures_util::StreamExt::map(stream, move |piece| {
-            let _still_reading = &reading;
-            piece
-        });
+        let body = match &sel.read {
+            Some(read) => StreamingBlob::from(s3s::Body::from(read.clone())),
+            None => {
+                let segments = record
+                    .segments
+                    .iter()
+                    .map(|s| (s.blob, s.offset, s.len))
+                    .collect();
+                let reading = self.blobs.hold_for_read(record.blobs().collect());
+                let (start, end) = (sel.bytes.range.start, sel.bytes.range.end);
+                let stream = (self.blobs).read(segments, start, end);
+                StreamingBlob::wrap(futures_util::StreamExt::map(stream, move |piece| {
+                    let _still_reading = &reading;
+                    piece
+                }))
+            }
+        };
         let mut out = GetObjectOutput {
-            body: Some(StreamingBlob::wrap(stream)),
+            body: Some(body),
             content_length: Some(sel.content_length()),
             content_range: sel.content_range(),
             accept_ranges: Some("bytes".into()),
@@ -175,8 +211,9 @@ impl Store {
             .select(
                 (&input.bucket, &input.key, input.version_id.as_deref()),
                 conditions,
-                input.range.as_ref(),
+                input.range,
                 input.part_number,
+                false,
             )
             .await?;
         let mut got = GetObjectOutput::default();
