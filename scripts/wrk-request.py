@@ -9,7 +9,8 @@ x-amz-content-sha256, the token in the signed x-fencing-token header: what
 the SDKs send by default), or `get`: a GET of the same object,
 header-signed with the empty body's SHA-256 as the SDKs send it, with no
 token (a read needs none); `static` is the same GET unsigned, for nginx
-serving the object as a file. Signed by botocore, not by fencegate's code, so
+serving the object as a file; `head` is the same as a HEAD, and `list` a
+ListObjectsV2 of the bucket (prefix `wrk`), signed alike. Signed by botocore, not by fencegate's code, so
 that neither the generator (wrk) nor the signer is the project's own. The
 same signed request is valid for the signature's window (15 minutes for the
 header form, an hour for the presigned one); fencegate does not refuse
@@ -41,21 +42,22 @@ elif form == "sha256":
     path = "/bench/wrk-object"
     for name in ("Authorization", "X-Amz-Date", "x-amz-content-sha256", "x-fencing-token"):
         headers[name] = req.headers[name]
-elif form in ("get", "static"):
-    req = AWSRequest(method="GET", url=url, headers={
+elif form in ("get", "static", "head", "list"):
+    path = "/bench?list-type=2&prefix=wrk" if form == "list" else "/bench/wrk-object"
+    req = AWSRequest(method="HEAD" if form == "head" else "GET", url=f"{endpoint}{path}", headers={
         "x-amz-content-sha256": hashlib.sha256(b"").hexdigest(),
     })
     S3SigV4Auth(creds, "s3", region).add_auth(req)
-    path = "/bench/wrk-object"
-    if form == "get":
+    if form != "static":
         for name in ("Authorization", "X-Amz-Date", "x-amz-content-sha256"):
             headers[name] = req.headers[name]
 else:
     sys.exit(f"unknown form {form!r}")
 
-reads = form in ("get", "static")
+reads = form in ("get", "static", "head", "list")
+method = "HEAD" if form == "head" else "GET" if reads else "PUT"
 with open(out, "w") as f:
-    f.write(f'wrk.method = "{"GET" if reads else "PUT"}"\n')
+    f.write(f'wrk.method = "{method}"\n')
     f.write(f"wrk.path = {path!r}\n".replace("'", '"'))
     if not reads:
         f.write(f'wrk.body = string.rep("x", {size})\n')

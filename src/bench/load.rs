@@ -89,6 +89,10 @@ pub struct LoadArgs {
     /// Send CreateBucket first (an error answer is ignored).
     #[arg(long)]
     pub create_bucket: bool,
+    /// GETs: read the keys as they are, without PUTting them first (a
+    /// server that has them already, such as nginx serving files).
+    #[arg(long)]
+    pub no_setup: bool,
     /// Runtime worker threads of the generator.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -260,7 +264,7 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         let path = format!("/{}", plan.args.bucket);
         let _ = w.send(Method::PUT, &path, 0, EMPTY_SHA256).await;
     }
-    if plan.args.op == Op::Get {
+    if plan.args.op == Op::Get && !plan.args.no_setup {
         // Every worker's object must exist before GETs are timed.
         for i in 0..concurrency {
             let mut w = Worker::new(&plan, i);
