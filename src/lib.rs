@@ -14,7 +14,8 @@
 //!
 //! - [`config`]: the TOML file, its defaults, one validator per table
 //!   (`validate.rs`); `config/locks.rs` is the `[locks]` table and the
-//!   `[[eager]]` entries.
+//!   `[[eager]]` entries; `config/access.rs` the `*_access` tables (TLS,
+//!   client certificates, users and password files of the services).
 //! - [`metric_names`]: the Prometheus metric names, for every module that
 //!   records one.
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
@@ -32,19 +33,29 @@
 //!
 //! - [`fence::token`]: a token from its carriers (header, query, metadata).
 //! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
-//! - [`fence::gate`]: the check, the durable raise, the ordering barrier.
+//! - [`fence::gate`]: the check, the durable raise, the ordering barrier;
+//!   `gate/owned.rs`: cluster mode with owners, the resources this replica
+//!   owns admitted as on a single node, the others refused for the proxy
+//!   to forward; `gate/cluster.rs`: cluster mode without owners (one etcd
+//!   transaction per request), and following raises made at other
+//!   replicas (both modes); `gate/tests.rs`: its tests.
 //! - [`fence::commit`]: the commit gate, holding a write's last body frame
 //!   until its permit (and object hold) confirms.
 //! - [`fence::hold`]: the object hold, where a conditional write's check and
 //!   write become one step (CONTRACT §8); in cluster mode its keys are in
 //!   etcd (`cluster/holds.rs`).
-//! - [`fence::cluster`]: cluster mode, the fence table and barrier in etcd
-//!   (the admission transaction in `keys.rs`, the replica's lease in
-//!   `lease.rs`, the cross-replica wait in `wait.rs`, the watch, deletion
-//!   and sweep tasks in `background.rs`); `gate/cluster.rs` is the gate's
-//!   side of it.
+//! - [`fence::cluster`]: cluster mode, the fences in etcd, shared by the
+//!   replicas. With owners (the default): `owners.rs` takes a resource for
+//!   this replica, raises its fence under the owner's epoch and releases
+//!   it; `peers.rs` puts each replica's address in etcd, for forwarding,
+//!   and notices when a replica's lease ends. Without owners
+//!   (`ownership = false`): the admission transaction (`keys.rs`, which
+//!   also names every key), grouped with others (`batch.rs`), and the
+//!   cross-replica wait (`wait.rs`). In both: the replica's lease
+//!   (`lease.rs`), the watch, deletion and sweep tasks (`background.rs`),
+//!   and the fences and upload tokens as a `FenceStore` (`store.rs`).
 //! - [`fence::store`]: `FenceStore`, and its redb implementation
-//!   (`fences.redb`, through [`redb_file`]).
+//!   (`fences.redb`, through [`redb_file`]), a single node's.
 //!
 //! The S3 front (→ fence, config, metric_names):
 //!
@@ -72,10 +83,11 @@
 //!
 //! The backend (→ s3, tls, store):
 //!
-//! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`;
-//!   [`upstream::pool`]: the kept connections to the backend.
-//! - [`upstream::embedded`]: the embedded store on a loopback port, the
-//!   default backend.
+//! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`,
+//!   or in-process to the embedded store; [`upstream::pool`]: the kept
+//!   connections to the backend.
+//! - [`upstream::embedded`]: the embedded store called in-process, the
+//!   default backend (and served alone on a socket for `bench store`).
 //! - [`upstream::probe`]: whether the backend honours conditional writes
 //!   itself (shown on `/readyz`).
 //!
@@ -86,20 +98,25 @@
 //!   (`blobs.rs`), the group commit where every change and its conditions
 //!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
 //!   `objects.rs`, `read.rs`, `delete.rs`, `copy.rs`, `multipart.rs`,
-//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `import.rs` brings in
-//!   an s3s-fs data directory.
+//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `checksums.rs` is a
+//!   multipart object's checksums; `import.rs` brings in an s3s-fs data
+//!   directory.
 //! - [`redb_file`] (a leaf): a redb file reopened by itself after a disk
 //!   error, for the store's index and the fence store.
 //!
 //! A request's life (→ fence, s3, upstream, body, config, metric_names):
 //!
 //! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
-//!   exit, one log event; `outgoing.rs` builds the upstream request,
-//!   `forward.rs` does the exchange and keeps the permits and object hold
-//!   until the answer is complete, `copy.rs` and `multi_delete.rs` are
-//!   CopyObject and DeleteObjects, `conditional.rs` holds the object and
-//!   judges a write's conditions (and is `fence.conditional_writes`),
-//!   `small_body.rs` reads and rewrites the bodies read whole.
+//!   exit, one log event; `admit.rs` is its token and its admission by the
+//!   gate; `to_owner.rs` sends a request whose resource another replica
+//!   owns to that owner (cluster mode with owners); `outgoing.rs` builds
+//!   the upstream request, `forward.rs` does the exchange and keeps the
+//!   permits and object hold until the answer is complete, `copy.rs` and
+//!   `multi_delete.rs` are CopyObject and DeleteObjects, `conditional.rs`
+//!   holds the object and judges a write's conditions (and is
+//!   `fence.conditional_writes`), `public.rs` forwards CORS preflights and
+//!   anonymous reads unsigned, `small_body.rs` reads and rewrites the
+//!   bodies read whole.
 //!
 //! Around it:
 //!
@@ -108,8 +125,10 @@
 //!   `admin::client` is `fencegate fences ...`; `admin::transfer` is
 //!   `fences export` and `import`.
 //! - [`locks`] (→ access, fence, config, metric_names): etcd, ZooKeeper, Redis and PostgreSQL, the
-//!   token sources known by name; `helper.rs` is `fencegate lock`;
-//!   `eager.rs` raises a fence when its lock's holder goes.
+//!   token sources known by name, each a lock, its token and a watch of
+//!   its holder (`etcd.rs`, `zookeeper.rs`, `redis.rs`, `postgres.rs`);
+//!   `helper.rs` is `fencegate lock`; `eager.rs` raises a fence when its
+//!   lock's holder goes.
 //! - [`server`] (→ everything above): start-up (store, gate, backend,
 //!   services) apart from serving (listener, connection limit, handler,
 //!   graceful shutdown).
@@ -129,9 +148,13 @@
 //! `tests/smoke/smoke.py` (unmodified clients: aws CLI, boto3, rclone,
 //! s3cmd).
 //!
-//! The fence store sits behind `FenceStore`: a store shared by several
-//! fencegate replicas (in etcd, say) can replace redb without touching the
-//! check.
+//! The fence store sits behind `FenceStore`: redb (`fences.redb`) on a
+//! single node, etcd in cluster mode (`fence/cluster/store.rs`). Only a
+//! single node's gate raises through it. In cluster mode the gate makes
+//! its raises in etcd itself (`fence/gate/owned.rs`,
+//! `fence/gate/cluster.rs`) and only reads fences through the store,
+//! which also serves the admin API's listing, `fences import` and the
+//! multipart uploads' tokens.
 
 pub mod access;
 pub mod access_log;

@@ -1,9 +1,16 @@
-//! Durable fences. The check keeps fences in memory; this is where a raise is
-//! made durable before anything is forwarded or answered (CONTRACT §5).
+//! Durable fences. The check keeps fences in memory; on a single node this
+//! is where a raise is made durable before anything is forwarded or
+//! answered (CONTRACT §5).
 //!
-//! The store sits behind [`FenceStore`] so that a store shared by several
-//! fencegate replicas (etcd, say) can replace the embedded one without
-//! touching the check in `gate.rs`.
+//! [`FenceStore`] has two implementations: [`RedbStore`] here
+//! (`fences.redb`, a single node's), and the cluster's, in etcd
+//! (`cluster/store.rs`). The gate (`gate/mod.rs`) raises through the store
+//! only on a single node. In cluster mode it makes its raises in etcd
+//! itself: an owner's under its epoch (`gate/owned.rs`), or, without
+//! owners, in the one admission transaction that also checks and orders
+//! (`gate/cluster.rs`). The store then serves the gate's reads of fences,
+//! the admin API's listing, `fencegate fences import` and the multipart
+//! uploads' tokens.
 
 use crate::metric_names as m;
 use crate::redb_file::DbFile;

@@ -8,9 +8,11 @@
 //! - `objects`: (bucket, key) → [`ObjectRecord`];
 //! - `uploads`: (bucket, key, upload id) → [`UploadRecord`];
 //! - `parts`: (upload id, part number) → [`PartRecord`];
-//! - `blobs`: blob id → bytes, every blob a record points at. A blob file
-//!   that is not here is garbage (an interrupted write, or one replaced or
-//!   deleted before its file could be removed) and is collected.
+//! - `blobs`: blob id → how many records point at it (a copy points at its
+//!   source's blobs); a blob no record points at is removed from here. A
+//!   blob file that is not here is garbage (an interrupted write, or one
+//!   replaced or deleted before its file could be removed) and is
+//!   collected.
 //!
 //! Records are JSON: readable with any redb tool, and extended without a
 //! migration (unknown fields are ignored, missing ones default). Fields

@@ -1,24 +1,54 @@
 //! Cluster mode: several fencegate replicas sharing one fence table and one
-//! ordering barrier through etcd (`[cluster]`; docs/cluster.md).
+//! ordering barrier through etcd (`[cluster]`; docs/cluster.md). There are
+//! two modes, chosen by `cluster.ownership`.
+//!
+//! With owners (the default, `owners.rs`), each resource is admitted by one
+//! replica at a time, and etcd is asked only when a fence or an owner moves:
+//!
+//! - A replica takes a resource nobody owns in one transaction; the owner
+//!   key's create revision is its epoch. While its lease is fresh, the
+//!   owner admits with the single-node steps, in memory.
+//! - A raise by the owner is put only if the owner key still has its epoch.
+//!   Raises made at another replica (the admin API, eager fencing) are put
+//!   in etcd and acknowledged by the owner before they are answered.
+//! - Other replicas forward the resource's requests to the owner, found at
+//!   `replicas/<owner>` (`peers.rs`; the proxy's `to_owner.rs` sends them).
+//! - An idle or evicted resource is released. When an owner dies, its key
+//!   goes with its lease, and the next owner waits out the rest of the
+//!   quarantine before it admits.
+//!
+//! Without owners (`ownership = false`), every fenced request goes to etcd:
 //!
 //! - The fence and the admission are one etcd transaction per request
 //!   ([`keys::admission`]): compare, raise, register, and read the lower
-//!   writes in flight, linearizably, in one round trip.
+//!   writes in flight, linearizably, in one round trip. Admissions of
+//!   distinct resources that arrive while one is on its way go together in
+//!   the next transaction (`batch.rs`).
 //! - Every write in flight is registered under this replica's lease. A newer
-//!   write waits until the lower registrations are gone: deleted when their
-//!   write ends, or gone with the lease of a replica that died.
+//!   write waits until the lower registrations are gone (`wait.rs`): deleted
+//!   when their write ends, or gone with the lease of a replica that died.
+//!
+//! In both modes:
+//!
 //! - A replica knows how fresh its lease is from a monotonic clock and its
-//!   last acknowledged keep-alive ([`Registration::fresh`]); a write whose lease
-//!   may have lapsed (a pause, a partition) is failed before its last bytes
-//!   go upstream.
+//!   last acknowledged keep-alive (`lease.rs`, [`Registration::fresh`]); a
+//!   write whose lease may have lapsed (a pause, a partition) is failed
+//!   before its last bytes go upstream.
 //! - Raises made anywhere reach every replica through a watch, which aborts
 //!   local lower-token writes still streaming (the gate does the aborting).
-//! - The object holds of conditional writes (`holds.rs`) are keys beside
-//!   the registrations, under the same lease, waited for the same way. A
-//!   fenced write without conditions puts its shared hold in its admission
-//!   transaction ([`keys::Puts`]); the others take theirs apart.
+//! - The object holds of conditional writes (`holds.rs`) are keys under
+//!   the replica's lease, waited for as registrations are. Without owners,
+//!   a fenced write without conditions puts its shared hold in its
+//!   admission transaction ([`keys::Puts`]); the others take theirs apart.
+//!   With owners, an object of a fenced resource is held by its owner, in
+//!   memory: only holds on objects outside any fenced resource are in
+//!   etcd.
+//! - `store.rs` makes the fences and the open uploads' tokens a
+//!   `FenceStore` (the admin API's listing, `fences import`, multipart
+//!   uploads).
 //!
-//! It knows nothing of the gate: `gate.rs` calls it.
+//! It knows nothing of the gate: `gate/owned.rs` and `gate/cluster.rs`
+//! call it.
 
 mod background;
 mod batch;
