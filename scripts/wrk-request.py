@@ -9,8 +9,9 @@ x-amz-content-sha256, the token in the signed x-fencing-token header: what
 the SDKs send by default), or `get`: a GET of the same object,
 header-signed with the empty body's SHA-256 as the SDKs send it, with no
 token (a read needs none); `static` is the same GET unsigned, for nginx
-serving the object as a file; `head` is the same as a HEAD, and `list` a
-ListObjectsV2 of the bucket (prefix `wrk`), signed alike. Signed by botocore, not by fencegate's code, so
+serving the object as a file; `head` is the same as a HEAD (wrk cannot
+time it: it waits for the body the answer's Content-Length announces), and
+`list` a ListObjectsV2 of the bucket (prefix `wrk`), signed alike. Signed by botocore, not by fencegate's code, so
 that neither the generator (wrk) nor the signer is the project's own. The
 same signed request is valid for the signature's window (15 minutes for the
 header form, an hour for the presigned one); fencegate does not refuse
