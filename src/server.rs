@@ -182,7 +182,7 @@ pub struct Services {
 /// the backend, the S3 and admin services. Nothing is listening yet.
 pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     let gate = match &cfg.cluster {
-        Some(c) => shared_gate(cfg, c).await?,
+        Some(c) => cluster_gate(cfg, c).await?,
         None => open_gate(cfg)?,
     };
     let metrics = match crate::admin::metrics::install() {
@@ -268,7 +268,7 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
 
 /// Cluster mode: no fence file; the gate shares its table and barrier with
 /// the other replicas through etcd, and follows their raises.
-async fn shared_gate(
+async fn cluster_gate(
     cfg: &Config,
     c: &crate::config::ClusterConfig,
 ) -> Result<Arc<Gate>, StartError> {
@@ -276,7 +276,7 @@ async fn shared_gate(
     let cluster = crate::fence::cluster::Cluster::start(c, quarantine)
         .await
         .map_err(StartError)?;
-    let mut gate = Gate::shared(cluster, cfg.admission_wait());
+    let mut gate = Gate::clustered(cluster, cfg.admission_wait());
     gate.set_max_slots(cfg.fence.max_cached_resources);
     unsafe_switches(&mut gate);
     let gate = Arc::new(gate);

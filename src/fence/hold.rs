@@ -59,6 +59,17 @@ pub enum Mode {
     Alone,
 }
 
+/// Whose an object's hold is, which says where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// The owner of the object's resource, which is this replica: every
+    /// write of the object reaches it, so the hold is in this process.
+    Owner,
+    /// Whichever replica the write reached: in cluster mode the hold is in
+    /// etcd, shared by the replicas; on a single node, in this process.
+    AnyReplica,
+}
+
 /// Why an object could not be held.
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {
@@ -299,10 +310,10 @@ impl Holds {
         self.off = off;
     }
 
-    /// Cluster mode: whether a fenced write's shared hold is put by its
-    /// admission, in the same etcd transaction, rather than by a
-    /// transaction of its own.
-    pub fn shared_in_admission(&self) -> bool {
+    /// Cluster mode without owners: whether a fenced write's shared hold
+    /// is put by its admission, in the same etcd transaction, rather than
+    /// by a transaction of its own.
+    pub fn put_by_admission(&self) -> bool {
         !self.off && self.cluster.as_ref().is_some_and(|c| !c.owning)
     }
 
@@ -313,13 +324,12 @@ impl Holds {
 
     /// The unconditional write's way: shares `bucket/key` at once, without
     /// waiting, when nothing conditional is in its stripe. `None`: take
-    /// [`Holds::hold`]. `here`: the object is held in this process even in
-    /// cluster mode (its resource is owned here).
-    pub fn try_share(&self, bucket: &str, key: &str, here: bool) -> Option<ObjectHold> {
+    /// [`Holds::hold`].
+    pub fn try_share(&self, bucket: &str, key: &str, holder: Holder) -> Option<ObjectHold> {
         if self.off {
             return Some(ObjectHold::none());
         }
-        if self.cluster.is_some() && !here {
+        if self.cluster.is_some() && holder == Holder::AnyReplica {
             return None;
         }
         let stripe = self.table.stripe_of_parts(bucket, key);
@@ -337,19 +347,18 @@ impl Holds {
 
     /// Holds every object of `objects` (names from [`object_name`]); an
     /// object named twice is held once, alone if either asks for that.
-    /// Gives up after `admission_wait_ms`. `here`: as for
-    /// [`Holds::try_share`].
+    /// Gives up after `admission_wait_ms`.
     pub async fn hold(
         &self,
         objects: Vec<(String, Mode)>,
-        here: bool,
+        holder: Holder,
     ) -> Result<ObjectHold, HoldError> {
         if self.off || objects.is_empty() {
             return Ok(ObjectHold::none());
         }
         let deadline = Instant::now() + self.wait;
         match &self.cluster {
-            Some(c) if !here => hold_in_etcd(c, objects, deadline).await,
+            Some(c) if holder == Holder::AnyReplica => hold_in_etcd(c, objects, deadline).await,
             _ => self.hold_here(objects, deadline).await,
         }
     }
@@ -488,10 +497,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn shared_holds_go_together_and_alone_waits_for_them() {
         let h = holds();
-        let a = h.try_share("b", "k", false).unwrap();
-        let b = h.hold(one("b/k", Mode::Shared), false).await.unwrap();
+        let a = h.try_share("b", "k", Holder::AnyReplica).unwrap();
+        let b = h
+            .hold(one("b/k", Mode::Shared), Holder::AnyReplica)
+            .await
+            .unwrap();
         let h2 = h.clone();
-        let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), false).await });
+        let alone =
+            tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), Holder::AnyReplica).await });
         tokio::task::yield_now().await;
         assert!(!alone.is_finished());
         drop(a);
@@ -500,28 +513,39 @@ mod tests {
         drop(b);
         let alone = alone.await.unwrap().unwrap();
         assert!(
-            h.try_share("b", "k", false).is_none(),
+            h.try_share("b", "k", Holder::AnyReplica).is_none(),
             "a shared write waits for an alone one"
         );
         // Another object's conditional write goes beside it.
-        drop(h.hold(one("b/other", Mode::Alone), false).await.unwrap());
+        drop(
+            h.hold(one("b/other", Mode::Alone), Holder::AnyReplica)
+                .await
+                .unwrap(),
+        );
         drop(alone);
-        assert!(h.try_share("b", "k", false).is_some());
+        assert!(h.try_share("b", "k", Holder::AnyReplica).is_some());
         assert_eq!(h.entries(), 0, "nothing held alone, nothing kept");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_shared_write_waits_for_a_conditional_one_and_gives_up_at_the_bound() {
         let h = holds();
-        let alone = h.hold(one("b/k", Mode::Alone), false).await.unwrap();
+        let alone = h
+            .hold(one("b/k", Mode::Alone), Holder::AnyReplica)
+            .await
+            .unwrap();
         let waited = Instant::now();
         assert!(matches!(
-            h.hold(one("b/k", Mode::Shared), false).await,
+            h.hold(one("b/k", Mode::Shared), Holder::AnyReplica).await,
             Err(HoldError::Busy(_))
         ));
         assert_eq!(waited.elapsed(), Duration::from_secs(5));
         drop(alone);
-        assert!(h.hold(one("b/k", Mode::Shared), false).await.is_ok());
+        assert!(
+            h.hold(one("b/k", Mode::Shared), Holder::AnyReplica)
+                .await
+                .is_ok()
+        );
         assert_eq!(h.entries(), 0);
     }
 
@@ -530,16 +554,20 @@ mod tests {
         // A shared write that comes after a waiting conditional one does not
         // overtake it (else a stream of unconditional writes could starve it).
         let h = holds();
-        let first = h.try_share("b", "k", false).unwrap();
+        let first = h.try_share("b", "k", Holder::AnyReplica).unwrap();
         let h2 = h.clone();
-        let alone = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), false).await });
+        let alone =
+            tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), Holder::AnyReplica).await });
         tokio::task::yield_now().await;
         assert!(
-            h.try_share("b", "k", false).is_none(),
+            h.try_share("b", "k", Holder::AnyReplica).is_none(),
             "a later shared write overtook a waiting alone"
         );
         let h3 = h.clone();
-        let late = tokio::spawn(async move { h3.hold(one("b/k", Mode::Shared), false).await });
+        let late =
+            tokio::spawn(
+                async move { h3.hold(one("b/k", Mode::Shared), Holder::AnyReplica).await },
+            );
         tokio::task::yield_now().await;
         drop(first);
         let alone = alone.await.unwrap().unwrap();
@@ -552,9 +580,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn conditional_writes_of_one_object_take_turns() {
         let h = holds();
-        let first = h.hold(one("b/k", Mode::Alone), false).await.unwrap();
+        let first = h
+            .hold(one("b/k", Mode::Alone), Holder::AnyReplica)
+            .await
+            .unwrap();
         let h2 = h.clone();
-        let second = tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), false).await });
+        let second =
+            tokio::spawn(async move { h2.hold(one("b/k", Mode::Alone), Holder::AnyReplica).await });
         tokio::task::yield_now().await;
         assert!(!second.is_finished());
         drop(first);
@@ -583,14 +615,17 @@ mod tests {
                     .collect();
                 names.rotate_left(i % 6);
                 names.push(names[0].clone());
-                let held = many.hold(names, false).await.unwrap();
+                let held = many.hold(names, Holder::AnyReplica).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(held);
             }));
             let single = h.clone();
             tasks.push(tokio::spawn(async move {
                 let held = single
-                    .hold(one(&format!("b/{}", i % 6), Mode::Shared), false)
+                    .hold(
+                        one(&format!("b/{}", i % 6), Mode::Shared),
+                        Holder::AnyReplica,
+                    )
                     .await;
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(held.unwrap());

@@ -124,7 +124,7 @@ impl Proxy {
         let sharing = kind == Kind::Write
             && unconditional
             && op.op.changes_object()
-            && self.gate.holds().shared_in_admission();
+            && self.gate.holds().put_by_admission();
         let admitted = match sharing {
             true => {
                 let object = object_name(bucket, key);

@@ -25,7 +25,7 @@
 //! the content, but the stamp of the newer token is overwritten).
 
 use super::Proxy;
-use crate::fence::hold::{Mode, ObjectHold, object_name};
+use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::s3::conditions::{Conditions, Current, bare_etag, parse_time};
 use crate::s3::error::S3Error;
 use crate::s3::op::Operation;
@@ -50,14 +50,13 @@ impl Proxy {
     /// (alone when it has conditions, shared otherwise), and its
     /// conditions are judged under the hold, on the object as the backend
     /// has it now. The hold is kept until the write's exchange is over.
-    /// `here`: the hold is this process's even in cluster mode (the
-    /// object's resource is owned here).
+    /// `holder`: whose the hold is (`Proxy::holder`).
     pub(super) async fn hold_object(
         &self,
         headers: &HeaderMap,
         op: &Operation,
         conditions: Option<&Conditions>,
-        here: bool,
+        holder: Holder,
     ) -> Result<Arc<ObjectHold>, S3Error> {
         let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
             return Ok(Arc::new(ObjectHold::none()));
@@ -71,7 +70,7 @@ impl Proxy {
         let hold = self
             .gate
             .holds()
-            .hold(vec![(object.clone(), mode)], here)
+            .hold(vec![(object.clone(), mode)], holder)
             .await
             .map_err(S3Error::from_hold)?;
         if let Some(c) = conditions {
@@ -90,7 +89,7 @@ impl Proxy {
         &self,
         op: &Operation,
         conditions: Option<&Conditions>,
-        here: bool,
+        holder: Holder,
     ) -> Option<Arc<ObjectHold>> {
         let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
             return Some(Arc::new(ObjectHold::none()));
@@ -101,7 +100,10 @@ impl Proxy {
         if conditions.is_some() {
             return None;
         }
-        self.gate.holds().try_share(bucket, key, here).map(Arc::new)
+        self.gate
+            .holds()
+            .try_share(bucket, key, holder)
+            .map(Arc::new)
     }
 
     /// The object as the backend has it now, by a HEAD with fencegate's

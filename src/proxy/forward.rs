@@ -261,7 +261,7 @@ mod tests {
     use super::*;
     use crate::fence::gate::tests::gate;
     use crate::fence::gate::{Kind, Refusal};
-    use crate::fence::hold::{HoldError, Holds, Mode};
+    use crate::fence::hold::{HoldError, Holder, Holds, Mode};
 
     fn held(permits: Vec<Permit>, objects: ObjectHold) -> Hold {
         Hold {
@@ -325,16 +325,27 @@ mod tests {
     async fn a_lost_answer_keeps_the_object_held_for_the_quarantine() {
         let holds = Holds::new(Duration::from_secs(1), None);
         let one = |m| vec![("b/k".to_string(), m)];
-        let streaming = holds.hold(one(Mode::Shared), false).await.unwrap();
+        let streaming = holds
+            .hold(one(Mode::Shared), Holder::AnyReplica)
+            .await
+            .unwrap();
         assert!(!settle(held(vec![], streaming), Some("reset")));
-        let sent = holds.hold(one(Mode::Shared), false).await.unwrap();
+        let sent = holds
+            .hold(one(Mode::Shared), Holder::AnyReplica)
+            .await
+            .unwrap();
         assert!(sent.body_complete());
         assert!(settle(held(vec![], sent), Some("timed out")));
         assert!(matches!(
-            holds.hold(one(Mode::Alone), false).await,
+            holds.hold(one(Mode::Alone), Holder::AnyReplica).await,
             Err(HoldError::Busy(_))
         ));
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert!(holds.hold(one(Mode::Alone), false).await.is_ok());
+        assert!(
+            holds
+                .hold(one(Mode::Alone), Holder::AnyReplica)
+                .await
+                .is_ok()
+        );
     }
 }

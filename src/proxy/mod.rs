@@ -12,8 +12,10 @@
 //!    bucket, and administer the bucket for bucket-level writes;
 //! 5. `token` (`admit.rs`): the token from its carriers (signed ones only),
 //!    or the one that created the multipart upload the request belongs to;
-//! 6. `fence` (`admit.rs`): resource from the rules, admission through the
-//!    gate (check, durable raise, ordering barrier); then `hold_object`
+//! 6. `route` (`to_owner.rs`) over `fence` (`admit.rs`): resource from the
+//!    rules, admission through the gate (check, durable raise, ordering
+//!    barrier), or, in cluster mode with owners, the answer of the replica
+//!    that owns the resource, the request forwarded there; then `hold_object`
 //!    (`conditional.rs`): a write that replaces or deletes its object holds
 //!    it, and its conditions are judged under the hold (CONTRACT §8). In
 //!    cluster mode an unconditional fenced write's shared hold is put by its
@@ -45,7 +47,7 @@ mod to_owner;
 
 use crate::body::{ProxyBody, full};
 use crate::config::{Config, Credential};
-use crate::fence::gate::{Gate, Permit};
+use crate::fence::gate::{Gate, Mode, Permit};
 use crate::fence::hold::ObjectHold;
 use crate::fence::resource::Resolver;
 use crate::fence::token::Carriers;
@@ -68,6 +70,7 @@ use small_body::read_small_body;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
+use to_owner::Route;
 
 /// Chunk size of aws-chunked bodies sent upstream.
 const UPSTREAM_CHUNK: usize = 64 * 1024;
@@ -313,7 +316,7 @@ impl Proxy {
             return Box::pin(self.anonymous_read(ctx, &head, query)).await;
         }
         let verified = self.authenticate(ctx, &head, &query)?;
-        if self.peers.is_some() {
+        if let Mode::Owners(_) = self.gate.mode() {
             ctx.forwarded = to_owner::forwarded_epoch(&head.headers);
         }
         let op = self.classify(ctx, &head, &query)?;
@@ -321,28 +324,17 @@ impl Proxy {
         let versioned = query::has_query_param(&query, "versionId");
         let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
         let token = self.token(ctx, &head, &query, &verified, &op).await?;
-        let (fenced, incoming) = match self.fence(ctx, &op, token, conditions.is_none()).await? {
-            f if f.owner.is_none() => (f, incoming),
-            f => match Box::pin(self.owned_elsewhere(
-                ctx,
-                &head,
-                incoming,
-                f,
-                &op,
-                conditions.is_none(),
-            ))
-            .await?
-            {
-                Ok(resp) => return Ok(resp),
-                Err(owned_here) => owned_here,
-            },
+        let route = self.route(ctx, &head, incoming, &op, conditions.is_none());
+        let (fenced, incoming) = match route.await? {
+            Route::Here(fenced, incoming) => (fenced, incoming),
+            Route::Owner(answer) => return Ok(answer),
         };
-        let here = self.holds_here(fenced.resource.is_some());
+        let holder = self.holder(fenced.resource.is_some());
         let hold = match (fenced.hold.clone(), &conditions) {
             (Some(hold), _) => hold,
-            (None, c) => match self.hold_at_once(&op, c.as_ref(), here) {
+            (None, c) => match self.hold_at_once(&op, c.as_ref(), holder) {
                 Some(hold) => hold,
-                None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref(), here)).await?,
+                None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref(), holder)).await?,
             },
         };
         let admitted = Admitted {

@@ -14,7 +14,7 @@ use super::small_body::{Checksum, read_body, read_small_body, send_body};
 use super::{Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
 use crate::fence::gate::{Kind, Permit, Refusal};
-use crate::fence::hold::{Mode, ObjectHold, object_name};
+use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::fence::resource::Fencing;
 use crate::s3::conditions::{Conditions, Failed};
 use crate::s3::error::{S3Error, xml_escape};
@@ -117,16 +117,19 @@ impl Proxy {
                 Some(_) => Mode::Alone,
                 None => Mode::Shared,
             };
-            match self.holds_here(resource.is_some()) {
-                true => here.push((object_name(bucket, &o.key), mode)),
-                false => shared.push((object_name(bucket, &o.key), mode)),
+            match self.holder(resource.is_some()) {
+                Holder::Owner => here.push((object_name(bucket, &o.key), mode)),
+                Holder::AnyReplica => shared.push((object_name(bucket, &o.key), mode)),
             }
         }
         let holds = self.gate.holds();
-        let mut hold = holds.hold(here, true).await.map_err(S3Error::from_hold)?;
+        let mut hold = holds
+            .hold(here, Holder::Owner)
+            .await
+            .map_err(S3Error::from_hold)?;
         hold.merge(
             holds
-                .hold(shared, false)
+                .hold(shared, Holder::AnyReplica)
                 .await
                 .map_err(S3Error::from_hold)?,
         );

@@ -19,6 +19,8 @@
 
 use super::{Fenced, Proxy, RequestCtx};
 use crate::body::ProxyBody;
+use crate::fence::gate::Mode;
+use crate::fence::hold::Holder;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
 use crate::s3::op::Operation;
@@ -70,6 +72,14 @@ impl Peers {
     }
 }
 
+/// Where a request is served, decided in phase 6.
+pub(super) enum Route {
+    /// Here: admitted (or not fenced), the client's body still to send.
+    Here(Fenced, Incoming),
+    /// By the resource's owner, another replica, which answered.
+    Owner(Response<ProxyBody>),
+}
+
 /// What became of a request sent towards its owner.
 pub(super) enum Sent<B> {
     Answered(Response<ProxyBody>),
@@ -102,30 +112,36 @@ impl ClientBody for Bytes {
 }
 
 impl Proxy {
-    /// Phase 6 for a resource owned by another replica: the request goes
-    /// there. `Err`: this replica took the resource meanwhile (its owner
-    /// gone), and admitted the request here.
-    pub(super) async fn owned_elsewhere(
+    /// Phase 6, the route: the admission here, or, for a resource another
+    /// replica owns, the owner's answer. An owner that cannot be reached
+    /// is tried again (`to_owner`) until the resource is taken here (its
+    /// owner gone) or the wait runs out.
+    pub(super) async fn route(
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
         mut body: Incoming,
-        mut fenced: Fenced,
         op: &Operation,
         unconditional: bool,
-    ) -> Result<Result<Response<ProxyBody>, (Fenced, Incoming)>, S3Error> {
-        let deadline = Instant::now() + self.gate.wait_bound();
-        loop {
-            let Some(owner) = fenced.owner.take() else {
-                return Ok(Err((fenced, body)));
-            };
-            match self.to_owner(ctx, head, body, owner, deadline).await? {
-                Sent::Answered(resp) => return Ok(Ok(resp)),
-                Sent::Unreached(b) => body = b,
-            }
-            let token = ctx.token;
-            fenced = self.fence(ctx, op, token, unconditional).await?;
+    ) -> Result<Route, S3Error> {
+        let mut fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
+        if fenced.owner.is_none() {
+            return Ok(Route::Here(fenced, body));
         }
+        // Boxed: the forwarding is a future of several KB that a request
+        // served here never needs.
+        Box::pin(async move {
+            let deadline = Instant::now() + self.gate.wait_bound();
+            while let Some(owner) = fenced.owner.take() {
+                match self.to_owner(ctx, head, body, owner, deadline).await? {
+                    Sent::Answered(resp) => return Ok(Route::Owner(resp)),
+                    Sent::Unreached(b) => body = b,
+                }
+                fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
+            }
+            Ok(Route::Here(fenced, body))
+        })
+        .await
     }
 
     /// A DeleteObjects whose keys' resources `owner` owns goes there with
@@ -162,7 +178,7 @@ impl Proxy {
         if ctx.forwarded.is_some() {
             return Err(moved(&resource));
         }
-        let (Some(c), Some(peers)) = (self.gate.cluster(), &self.peers) else {
+        let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
             return Err(S3Error::Internal("forwarding outside cluster mode".into()));
         };
         let unreached = |why: String| {
@@ -227,11 +243,14 @@ impl Proxy {
         }
     }
 
-    /// Whether a write's hold on an object is this process's even in
-    /// cluster mode: with owners, every write to an object of a fenced
-    /// resource reaches the resource's owner, which is this replica.
-    pub(super) fn holds_here(&self, fenced: bool) -> bool {
-        self.peers.is_some() && fenced
+    /// Whose a write's hold on its object is: with owners, every write to
+    /// an object of a fenced resource reaches the resource's owner, which
+    /// is this replica (it got this far), so the hold is the owner's.
+    pub(super) fn holder(&self, fenced: bool) -> Holder {
+        match matches!(self.gate.mode(), Mode::Owners(_)) && fenced {
+            true => Holder::Owner,
+            false => Holder::AnyReplica,
+        }
     }
 
     /// The answer to a request given up because its owner's lease ended

@@ -23,8 +23,8 @@ impl Gate {
         object: &str,
     ) -> Result<(Option<Permit>, Option<ObjectHold>), Refusal> {
         match &self.cluster {
-            Some(c) if self.holds.shared_in_admission() => {
-                let admitted = self.admit_shared(c, resource, token, Kind::Write, Some(object));
+            Some(c) if self.holds.put_by_admission() => {
+                let admitted = self.admit_per_write(c, resource, token, Kind::Write, Some(object));
                 let (permit, hold) = Box::pin(admitted).await?;
                 Ok((permit, hold.map(ObjectHold::in_cluster)))
             }
@@ -34,7 +34,7 @@ impl Gate {
 
     /// Cluster mode: fences, registrations and the barrier are shared
     /// through `cluster`, which is also the store.
-    pub fn shared(cluster: Arc<Cluster>, wait_bound: std::time::Duration) -> Gate {
+    pub fn clustered(cluster: Arc<Cluster>, wait_bound: std::time::Duration) -> Gate {
         let mut gate = Gate::new(cluster.clone(), wait_bound);
         gate.holds = crate::fence::hold::Holds::new(wait_bound, Some(cluster.clone()));
         gate.cluster = Some(cluster);
@@ -120,7 +120,7 @@ impl Gate {
         }
     }
 
-    pub(super) async fn raise_shared(
+    pub(super) async fn raise_per_write(
         &self,
         c: &Cluster,
         resource: &str,
@@ -147,7 +147,7 @@ impl Gate {
     /// writes in flight anywhere; for a write of `object`, also share its
     /// hold), then the wait for those to be gone. Returns the permit of a
     /// write, and the hold it put.
-    pub(super) async fn admit_shared(
+    pub(super) async fn admit_per_write(
         &self,
         c: &Arc<Cluster>,
         resource: &str,

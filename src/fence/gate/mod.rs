@@ -38,6 +38,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// How the gate admits, in one place: the gate and the proxy both ask
+/// [`Gate::mode`] rather than look at the cluster themselves.
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
+    /// A single node: its fence file and its own barrier.
+    Single,
+    /// Cluster mode with owners (`owned.rs`): one replica at a time admits
+    /// a resource's writes, the others forward them to it.
+    Owners(&'a Arc<Cluster>),
+    /// Cluster mode without owners (`cluster.rs`): every write is admitted
+    /// in etcd, at any replica.
+    PerWrite(&'a Arc<Cluster>),
+}
+
 /// Why a request was not admitted.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
@@ -54,8 +68,8 @@ pub enum Refusal {
     /// Cluster mode: etcd cannot be asked now, so nothing is admitted.
     #[error("the shared fence table cannot be reached: {0}")]
     Unavailable(String),
-    /// Cluster mode with owners: the resource is owned by this replica,
-    /// at this epoch.
+    /// Cluster mode with owners: the resource is owned by another replica
+    /// (its name), at this epoch; the proxy forwards the request there.
     #[error("the resource is owned by replica {0}")]
     Elsewhere(String, i64),
     /// Cluster mode with owners: this replica lost the resource while
@@ -308,6 +322,15 @@ impl Gate {
         self.cluster.as_ref()
     }
 
+    /// How this gate admits.
+    pub fn mode(&self) -> Mode<'_> {
+        match &self.cluster {
+            None => Mode::Single,
+            Some(c) if c.owning => Mode::Owners(c),
+            Some(c) => Mode::PerWrite(c),
+        }
+    }
+
     /// `admission_wait_ms`: how long a request may wait to be admitted.
     pub fn wait_bound(&self) -> Duration {
         self.wait_bound
@@ -365,10 +388,10 @@ impl Gate {
     /// [`Gate::raise`], also saying whether this call moved the fence (in
     /// cluster mode, false when another replica got there first).
     pub async fn raise_to(&self, resource: &str, token: u64) -> Result<(u64, bool), Refusal> {
-        match &self.cluster {
-            Some(c) if c.owning => return Box::pin(self.raise_anywhere(c, resource, token)).await,
-            Some(c) => return self.raise_shared(c, resource, token).await,
-            None => {}
+        match self.mode() {
+            Mode::Owners(c) => return Box::pin(self.raise_anywhere(c, resource, token)).await,
+            Mode::PerWrite(c) => return self.raise_per_write(c, resource, token).await,
+            Mode::Single => {}
         }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token, None).await
@@ -443,15 +466,15 @@ impl Gate {
     ) -> Result<Option<Permit>, Refusal> {
         // Boxed: their etcd transactions are futures of several KB, which
         // would otherwise size every request's future, clustered or not.
-        match &self.cluster {
-            Some(c) if c.owning => {
+        match self.mode() {
+            Mode::Owners(c) => {
                 return Box::pin(self.admit_owned(c, resource, token, kind)).await;
             }
-            Some(c) => {
-                let admitted = Box::pin(self.admit_shared(c, resource, token, kind, None)).await;
+            Mode::PerWrite(c) => {
+                let admitted = Box::pin(self.admit_per_write(c, resource, token, kind, None)).await;
                 return admitted.map(|(permit, _)| permit);
             }
-            None => {}
+            Mode::Single => {}
         }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token, None).await?;
