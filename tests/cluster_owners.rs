@@ -16,7 +16,9 @@
 //! - replicas whose S3 listener is HTTPS forward to each other over TLS,
 //!   trusting `peer_ca_file`;
 //! - an idle resource is let go, and taken by the next writer elsewhere
-//!   without a wait.
+//!   without a wait;
+//! - a write forwarded to an owner that let its resource go is routed
+//!   again, not refused.
 //!
 //! The owner killed, paused past its lease, or cut off from etcd with a
 //! write admitted locally are `tests/cluster.rs`'s tests: the first write
@@ -432,4 +434,34 @@ async fn an_idle_resource_is_let_go_and_taken_by_the_next_writer() {
         metric(&fg[0], "fencegate_cluster_forwarded_total").await,
         1.0
     );
+}
+
+/// A healthy cluster answers no 503 when an owner lets its resource go
+/// between bursts: a replica that forwarded there before, and still
+/// thinks it the owner, learns that it moved and routes the write again,
+/// instead of passing the old owner's refusal to the client.
+#[tokio::test]
+async fn a_write_after_an_idle_release_is_not_refused() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
+    let (a, b) = (
+        RawClient::new(&fg[0].endpoint()),
+        RawClient::new(&fg[1].endpoint()),
+    );
+    let put = |t: u64| RawRequest::put("/demo/burst", format!("v{t}")).token(t);
+    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
+    // B forwards to A, and remembers A as the owner.
+    assert_eq!(b.send(put(3)).await.unwrap().status, 200);
+    assert_eq!(
+        metric(&fg[1], "fencegate_cluster_forwarded_total").await,
+        1.0
+    );
+    // Two idle sweeps (5 s each) and a margin: A lets the resource go.
+    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    let r = b.send(put(4)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = a.send(put(4)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(be.object("demo", "burst").as_deref(), Some(&b"v4"[..]));
 }

@@ -2,6 +2,7 @@
 //! stamped, fencegate's own parameters removed) and the body pipeline for
 //! each payload form (verify, hold back the last frame, re-encode).
 
+use super::to_owner::RequestBody;
 use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
 use crate::fence::commit::{Stop, commit_gate};
 use crate::s3::auth::{Payload, Verified};
@@ -15,7 +16,6 @@ use crate::s3::{query, range};
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
-use hyper::body::Incoming;
 
 /// Header values fencegate builds: a failure is a request it cannot forward.
 fn header_value(s: &str) -> Result<HeaderValue, S3Error> {
@@ -42,7 +42,7 @@ impl Proxy {
         &self,
         head: &Parts,
         admitted: &Admitted,
-        incoming: Incoming,
+        incoming: RequestBody,
     ) -> Result<Outgoing, S3Error> {
         let out = self.upstream_head(head, admitted)?;
         let fenced = &admitted.fenced;
@@ -121,7 +121,7 @@ impl Proxy {
         mut out: Outgoing,
         headers: &HeaderMap,
         admitted: &Admitted,
-        incoming: Incoming,
+        incoming: RequestBody,
         gated: impl FnOnce(chunked::FrameStream) -> chunked::FrameStream,
     ) -> Result<Outgoing, S3Error> {
         let content_length = match headers.get(http::header::CONTENT_LENGTH) {
@@ -163,11 +163,11 @@ impl Proxy {
         let frames = match payload {
             Payload::Sha256(h) => {
                 out.payload = UpstreamPayload::Sha256Hex(crate::s3::sigv4::hex_lower(h));
-                body::sha256_checked(body::incoming(incoming, self.body_idle), *h)
+                body::sha256_checked(incoming.stream(self.body_idle), *h)
             }
             _ => {
                 out.payload = UpstreamPayload::Unsigned;
-                body::plain(body::incoming(incoming, self.body_idle))
+                body::plain(incoming.stream(self.body_idle))
             }
         };
         out.body = Some(gated(frames));
@@ -182,7 +182,7 @@ impl Proxy {
         mut out: Outgoing,
         headers: &HeaderMap,
         verified: &Verified,
-        incoming: Incoming,
+        incoming: RequestBody,
         gated: impl FnOnce(chunked::FrameStream) -> chunked::FrameStream,
     ) -> Result<Outgoing, S3Error> {
         let decoded_len = headers
@@ -211,7 +211,7 @@ impl Proxy {
             has_trailer,
             decoded_len,
         };
-        let decoded = chunked::decode(body::incoming(incoming, self.body_idle), spec);
+        let decoded = chunked::decode(incoming.stream(self.body_idle), spec);
         let frames = gated(decoded);
         // Content-Encoding without its aws-chunked member.
         let mut encodings = list_header(headers, http::header::CONTENT_ENCODING);

@@ -10,6 +10,14 @@
 //! and a request given up by its forwarder is never admitted later by a
 //! new tenure of the same replica.
 //!
+//! A forwarded request the owner did not admit because ownership moved
+//! (it let the resource go while idle, and the forwarder did not know) is
+//! answered [`S3Error::Moved`]: nothing was done. A body of at most
+//! [`REPLAYABLE`] bytes is read whole before it is forwarded, so the
+//! forwarder can route such a request again, to the new owner or here,
+//! instead of passing the 503 on; a larger body is streamed, and its
+//! client gets the 503 and retries.
+//!
 //! An owner that cannot be reached (it died, and its lease has not run out
 //! yet) is tried again until `admission_wait_ms`: by then its lease has
 //! usually gone, and the resource is taken here. An owner that stops
@@ -22,7 +30,7 @@ use crate::body::ProxyBody;
 use crate::fence::gate::Mode;
 use crate::fence::hold::Holder;
 use crate::metric_names as m;
-use crate::s3::error::S3Error;
+use crate::s3::error::{MOVED, S3Error};
 use crate::s3::op::Operation;
 use crate::upstream::client::UpstreamBody;
 use crate::upstream::pool::Pool;
@@ -38,6 +46,27 @@ use tokio::time::Instant;
 
 /// The header a request forwarded by a replica carries (its name).
 pub const FORWARDED: &str = "x-fencegate-forwarded";
+
+/// The largest body a forwarder reads whole, so that it can send the
+/// request again when its owner moved (a few writes in flight at an
+/// ownership change: memory stays small).
+pub const REPLAYABLE: u64 = 256 * 1024;
+
+/// The client's request body: streaming, or read whole by a forwarder.
+pub(super) enum RequestBody {
+    Streaming(Incoming),
+    Read(Bytes),
+}
+
+impl RequestBody {
+    /// Its bytes as they come, with `idle` the longest wait for the next.
+    pub(super) fn stream(self, idle: Duration) -> crate::s3::chunked::ByteStream {
+        match self {
+            RequestBody::Streaming(b) => crate::s3::body::incoming(b, idle),
+            RequestBody::Read(b) => crate::s3::body::read(b),
+        }
+    }
+}
 
 /// Connections to the other replicas, one pool per URL.
 pub struct Peers {
@@ -75,7 +104,7 @@ impl Peers {
 /// Where a request is served, decided in phase 6.
 pub(super) enum Route {
     /// Here: admitted (or not fenced), the client's body still to send.
-    Here(Fenced, Incoming),
+    Here(Fenced, RequestBody),
     /// By the resource's owner, another replica, which answered.
     Owner(Response<ProxyBody>),
 }
@@ -83,14 +112,18 @@ pub(super) enum Route {
 /// What became of a request sent towards its owner.
 pub(super) enum Sent<B> {
     Answered(Response<ProxyBody>),
-    /// The owner could not be reached; the body is still here.
+    /// The owner could not be reached, or did not own the resource any
+    /// more and did nothing ([`S3Error::Moved`]): the body is still here,
+    /// and the request is routed again.
     Unreached(B),
 }
 
 /// A request's body as the client sent it: still streaming, or read whole
 /// (a DeleteObjects, whose keys name the owner).
-pub(super) trait ClientBody {
+pub(super) trait ClientBody: Sized {
     fn upstream(self) -> UpstreamBody;
+    /// The same body again, when it was read whole.
+    fn replay(&self) -> Option<Self>;
 }
 
 impl ClientBody for Incoming {
@@ -101,6 +134,10 @@ impl ClientBody for Incoming {
         })
         .boxed_unsync()
     }
+
+    fn replay(&self) -> Option<Self> {
+        None
+    }
 }
 
 impl ClientBody for Bytes {
@@ -108,6 +145,26 @@ impl ClientBody for Bytes {
         http_body_util::Full::new(self)
             .map_err(|never| match never {})
             .boxed_unsync()
+    }
+
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+impl ClientBody for RequestBody {
+    fn upstream(self) -> UpstreamBody {
+        match self {
+            RequestBody::Streaming(b) => b.upstream(),
+            RequestBody::Read(b) => b.upstream(),
+        }
+    }
+
+    fn replay(&self) -> Option<Self> {
+        match self {
+            RequestBody::Streaming(_) => None,
+            RequestBody::Read(b) => Some(RequestBody::Read(b.clone())),
+        }
     }
 }
 
@@ -120,18 +177,19 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        mut body: Incoming,
+        body: Incoming,
         op: &Operation,
         unconditional: bool,
     ) -> Result<Route, S3Error> {
         let mut fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
         if fenced.owner.is_none() {
-            return Ok(Route::Here(fenced, body));
+            return Ok(Route::Here(fenced, RequestBody::Streaming(body)));
         }
         // Boxed: the forwarding is a future of several KB that a request
         // served here never needs.
         Box::pin(async move {
             let deadline = Instant::now() + self.gate.wait_bound();
+            let mut body = self.replayable(head, body).await?;
             while let Some(owner) = fenced.owner.take() {
                 match self.to_owner(ctx, head, body, owner, deadline).await? {
                     Sent::Answered(resp) => return Ok(Route::Owner(resp)),
@@ -142,6 +200,27 @@ impl Proxy {
             Ok(Route::Here(fenced, body))
         })
         .await
+    }
+
+    /// The body of a request to forward: read whole when it is small
+    /// enough to send again ([`REPLAYABLE`]), else streamed.
+    async fn replayable(&self, head: &Parts, body: Incoming) -> Result<RequestBody, S3Error> {
+        let len = head
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if len.is_none_or(|n| n > REPLAYABLE) {
+            return Ok(RequestBody::Streaming(body));
+        }
+        let mut read = bytes::BytesMut::new();
+        let mut pieces = crate::s3::body::incoming(body, self.body_idle);
+        while let Some(piece) = futures_util::StreamExt::next(&mut pieces).await {
+            read.extend_from_slice(&piece?);
+            if read.len() as u64 > REPLAYABLE {
+                return Err(S3Error::IncompleteBody);
+            }
+        }
+        Ok(RequestBody::Read(read.freeze()))
     }
 
     /// A DeleteObjects whose keys' resources `owner` owns goes there with
@@ -196,6 +275,7 @@ impl Proxy {
             return pause(body, deadline, || unreached("its lease has ended".into())).await;
         };
         let pool = peers.pool(&url)?;
+        let replay = body.replay();
         let mut body = Some(body);
         let build = || {
             let mut headers = head.headers.clone();
@@ -214,12 +294,21 @@ impl Proxy {
             () = c.gone(owner) => return Err(self.gone(&resource, owner)),
         };
         match sent {
-            Ok(resp) => {
+            Ok(mut resp) => {
                 metrics::counter!(m::CLUSTER_FORWARDED).increment(1);
                 if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
                     self.gate.forget_owner(&resource);
                 }
                 ctx.decision = "forwarded_to_owner";
+                if resp.headers_mut().remove(MOVED).is_some()
+                    && let Some(again) = replay
+                    && Instant::now() < deadline
+                {
+                    // Nothing was done there: read its short answer (the
+                    // connection goes back to the pool) and route again.
+                    let _ = resp.into_body().collect().await;
+                    return Ok(Sent::Unreached(again));
+                }
                 Ok(Sent::Answered(resp.map(|b| b.map_err(Into::into).boxed())))
             }
             Err((e, false)) => {
@@ -274,7 +363,7 @@ pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
 /// The answer to a forwarded request whose resource is not owned here at
 /// the epoch its forwarder saw.
 pub(super) fn moved(resource: &str) -> S3Error {
-    S3Error::SlowDown(format!(
+    S3Error::Moved(format!(
         "{resource} moved to another replica while this request was forwarded"
     ))
 }

@@ -28,6 +28,11 @@ pub enum S3Error {
     NoSuchKey(String),
     #[error("{0}; retry")]
     SlowDown(String),
+    /// Cluster mode with owners: a forwarded request its replica did not
+    /// admit, because the resource is not owned there at the epoch its
+    /// forwarder saw. Marked ([`MOVED`]) so the forwarder routes it again.
+    #[error("{0}; retry")]
+    Moved(String),
     #[error("{0}; retry")]
     ServiceUnavailable(String),
 
@@ -153,7 +158,7 @@ impl S3Error {
             MissingFencingToken(_) => StatusCode::PRECONDITION_REQUIRED,
             PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             NoSuchKey(_) => StatusCode::NOT_FOUND,
-            SlowDown(_) | ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SlowDown(_) | Moved(_) | ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             AccessDenied(_)
             | InvalidAccessKeyId
             | SignatureDoesNotMatch
@@ -192,7 +197,7 @@ impl S3Error {
             InvalidFencingToken(_) => "InvalidFencingToken",
             PreconditionFailed(_) => "PreconditionFailed",
             NoSuchKey(_) => "NoSuchKey",
-            SlowDown(_) => "SlowDown",
+            SlowDown(_) | Moved(_) => "SlowDown",
             ServiceUnavailable(_) => "ServiceUnavailable",
             AccessDenied(_) => "AccessDenied",
             InvalidAccessKeyId => "InvalidAccessKeyId",
@@ -231,6 +236,7 @@ impl S3Error {
             InvalidFencingToken(_) => "invalid",
             PreconditionFailed(_) | NoSuchKey(_) => "condition_failed",
             SlowDown(_) => "busy",
+            Moved(_) => "moved",
             ServiceUnavailable(_) => "unavailable",
             AccessDenied(_)
             | InvalidAccessKeyId
@@ -274,11 +280,20 @@ impl S3Error {
             S3Error::SlowDown(_) => {
                 h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
+            S3Error::Moved(_) => {
+                h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                h.insert(MOVED, HeaderValue::from_static("1"));
+            }
             _ => {}
         }
         resp
     }
 }
+
+/// The header of a [`S3Error::Moved`] answer: between replicas only (a
+/// client never sees it; its forwarder routes the request again, or drops
+/// the header with the rest of the hop's own).
+pub const MOVED: &str = "x-fencegate-moved";
 
 pub fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
