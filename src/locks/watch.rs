@@ -87,7 +87,7 @@ pub(crate) async fn run<W: Watch>(mut watch: W, seen: impl Fn(Seen) + Sync) {
             Err(broken) => broken,
         };
         if outage.is_new(&broken.why) {
-            tracing::warn!(service = W::SERVICE, lock = %watch.lock(), reason = %broken.why,
+            tracing::warn!(service = %W::SERVICE, lock = %watch.lock(), reason = %broken.why,
                 "eager fencing: the lock watch is down");
         }
         seen(Seen::Down);
