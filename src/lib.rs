@@ -127,8 +127,9 @@
 //! - [`locks`] (→ access, fence, config, metric_names): etcd, ZooKeeper, Redis and PostgreSQL, the
 //!   token sources known by name, each a lock, its token and a watch of
 //!   its holder (`etcd.rs`, `zookeeper.rs`, `redis.rs`, `postgres.rs`);
-//!   `helper.rs` is `fencegate lock`; `eager.rs` raises a fence when its
-//!   lock's holder goes.
+//!   `watch.rs` is the one loop those watches run in (connect, follow,
+//!   back off, log); `helper.rs` is `fencegate lock`; `eager.rs` raises a
+//!   fence when its lock's holder goes.
 //! - [`server`] (→ everything above): start-up (store, gate, backend,
 //!   services) apart from serving (listener, connection limit, handler,
 //!   graceful shutdown).

@@ -9,9 +9,12 @@
 //! previous holder's key was deleted, so its token is at least the revision
 //! of that deletion — the value eager fencing raises the fence to.
 
+use super::watch::{Broken, Report, Watch};
 use super::{Backoff, LockError, Seen};
 use crate::config::access::AccessConfig;
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, LockOptions, WatchOptions};
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, LockOptions, WatchOptions, WatchStream,
+};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -218,60 +221,77 @@ pub async fn watch_holder(
     endpoints: Vec<String>,
     access: AccessConfig,
     name: String,
-    seen: impl Fn(Seen),
+    seen: impl Fn(Seen) + Sync,
 ) {
-    let prefix = format!("{name}/");
-    let mut queue: Option<Queue> = None;
-    let mut next_rev = 0i64;
-    let mut backoff = Backoff::new();
-    loop {
-        let mut client = match connect(&endpoints, &access).await {
-            Ok(c) => c,
-            Err(e) => {
-                if crate::access::etcd_error_is_permanent(&e.to_string()) {
-                    tracing::warn!(lock = %name, error = %e, "eager fencing: etcd refuses fencegate");
-                }
-                seen(Seen::Down);
-                backoff.wait().await;
-                continue;
+    let watch = HolderWatch {
+        endpoints,
+        access,
+        prefix: format!("{name}/"),
+        name,
+        queue: None,
+        next_rev: 0,
+    };
+    super::watch::run(watch, seen).await
+}
+
+/// The watch of one lock's contenders, for [`watch_holder`].
+struct HolderWatch {
+    endpoints: Vec<String>,
+    access: AccessConfig,
+    name: String,
+    prefix: String,
+    /// The contenders as last seen; `None` until the lock is first read.
+    queue: Option<Queue>,
+    /// The revision the watch resumes from; 0 to read the lock afresh.
+    next_rev: i64,
+}
+
+impl Watch for HolderWatch {
+    const SERVICE: &'static str = "etcd";
+    /// The client is kept while its watch runs.
+    type Session = (Client, WatchStream);
+
+    fn lock(&self) -> &str {
+        &self.name
+    }
+
+    async fn connect(&mut self, seen: Report<'_>) -> Result<Self::Session, Broken> {
+        let mut client = connect(&self.endpoints, &self.access).await?;
+        if self.queue.is_none() || self.next_rev == 0 {
+            let (fresh, rev) = read_queue(&mut client, &self.prefix)
+                .await
+                .map_err(|e| Broken::new(format!("cannot read the lock: {e}")))?;
+            if let Some(old) = &self.queue {
+                resync(old, &fresh, rev, &seen);
             }
-        };
-        if queue.is_none() || next_rev == 0 {
-            match read_queue(&mut client, &prefix).await {
-                Ok((fresh, rev)) => {
-                    if let Some(old) = &queue {
-                        resync(old, &fresh, rev, &seen);
-                    }
-                    queue = Some(fresh);
-                    next_rev = rev + 1;
-                }
-                Err(_) => {
-                    seen(Seen::Down);
-                    backoff.wait().await;
-                    continue;
-                }
-            }
+            self.queue = Some(fresh);
+            self.next_rev = rev + 1;
         }
         let opts = WatchOptions::new()
             .with_prefix()
-            .with_start_revision(next_rev);
-        let Ok(mut stream) = client.watch(prefix.as_bytes(), Some(opts)).await else {
-            seen(Seen::Down);
-            backoff.wait().await;
-            continue;
-        };
-        seen(Seen::Up);
-        backoff.reset();
-        let q = queue.as_mut().expect("read above");
+            .with_start_revision(self.next_rev);
+        match client.watch(self.prefix.as_bytes(), Some(opts)).await {
+            Ok(stream) => Ok((client, stream)),
+            Err(e) => Err(Broken::new(format!("cannot watch the lock: {e}"))),
+        }
+    }
+
+    async fn follow(&mut self, (_client, mut stream): Self::Session, seen: Report<'_>) -> Broken {
+        let q = self.queue.as_mut().expect("read by connect");
         loop {
             let resp = match stream.message().await {
                 Ok(Some(r)) => r,
-                _ => break,
+                Ok(None) => return Broken::new("the watch ended"),
+                Err(e) => return Broken::new(format!("the watch failed: {e}")),
             };
             if resp.compact_revision() > 0 || resp.canceled() {
                 // History is gone: read the lock afresh.
-                next_rev = 0;
-                break;
+                self.next_rev = 0;
+                let why = match resp.compact_revision() {
+                    0 => "etcd cancelled the watch".to_string(),
+                    r => format!("etcd compacted the history up to revision {r}"),
+                };
+                return Broken::new(format!("{why}: reading the lock afresh"));
             }
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
@@ -287,11 +307,9 @@ pub async fn watch_holder(
                         }
                     }
                 }
-                next_rev = next_rev.max(kv.mod_revision() + 1);
+                self.next_rev = self.next_rev.max(kv.mod_revision() + 1);
             }
         }
-        seen(Seen::Down);
-        backoff.wait().await;
     }
 }
 

@@ -8,6 +8,8 @@
 //!   raised in the same script, watched through keyspace notifications.
 //! - [`postgres`]: a session advisory lock with a token from a sequence,
 //!   watched by polling `pg_locks`.
+//! - `watch` is the one loop every holder watch runs in: connect, follow,
+//!   back off, log; each service above brings its own way of following.
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
@@ -20,6 +22,7 @@ pub mod etcd;
 pub mod helper;
 pub mod postgres;
 pub mod redis;
+mod watch;
 pub mod zookeeper;
 
 use std::time::Duration;

@@ -18,7 +18,8 @@
 //!   the TTL, which releases the lock; the helper counts the lock lost when
 //!   no ping was answered for a TTL or the connection closes.
 
-use super::{Backoff, LockError};
+use super::watch::{Broken, Report, Watch};
+use super::{LockError, Seen};
 use crate::access::PgTls;
 use crate::config::access::AccessConfig;
 use std::sync::Arc;
@@ -242,8 +243,6 @@ async fn ping(
     }
 }
 
-use super::Seen;
-
 /// Who holds the lock, as `pg_locks` and `pg_stat_activity` tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Holder {
@@ -309,50 +308,73 @@ pub async fn watch_holder(
     name: String,
     sequence: String,
     every: Duration,
-    seen: impl Fn(Seen),
+    seen: impl Fn(Seen) + Sync,
 ) {
-    let mut known: Option<Holder> = None;
-    let mut backoff = Backoff::new();
-    loop {
-        let (client, closed, _) = match connect(&url, &access).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(lock = %name, "eager fencing on PostgreSQL is down: {e}");
-                seen(Seen::Down);
-                backoff.wait().await;
-                continue;
-            }
-        };
-        if let Err(e) = ensure_sequence(&client, &sequence).await {
-            tracing::warn!(lock = %name, "eager fencing on PostgreSQL: cannot create the sequence {sequence}: {e}");
-            seen(Seen::Down);
-            backoff.wait().await;
-            continue;
+    let watch = HolderWatch {
+        url,
+        access,
+        name,
+        sequence,
+        every,
+        known: None,
+    };
+    super::watch::run(watch, seen).await
+}
+
+/// The polls of one advisory lock, for [`watch_holder`].
+struct HolderWatch {
+    url: String,
+    access: AccessConfig,
+    name: String,
+    sequence: String,
+    every: Duration,
+    /// The holder, as last read.
+    known: Option<Holder>,
+}
+
+/// A connection whose first poll has been answered: the watch is up once
+/// the lock could be read.
+struct Polling {
+    client: Client,
+    closed: watch::Receiver<Option<String>>,
+    first: (u64, Option<Holder>),
+}
+
+impl Watch for HolderWatch {
+    const SERVICE: &'static str = "postgres";
+    type Session = Polling;
+
+    fn lock(&self) -> &str {
+        &self.name
+    }
+
+    async fn connect(&mut self, _: Report<'_>) -> Result<Polling, Broken> {
+        let (client, closed, _) = connect(&self.url, &self.access).await?;
+        if let Err(e) = ensure_sequence(&client, &self.sequence).await {
+            let (sequence, why) = (&self.sequence, crate::access::postgres_error(&e));
+            return Err(Broken::new(format!(
+                "cannot create the sequence {sequence}: {why}"
+            )));
         }
-        let mut up = false;
+        let first = self.poll(&client, &closed).await?;
+        Ok(Polling {
+            client,
+            closed,
+            first,
+        })
+    }
+
+    async fn follow(&mut self, session: Polling, seen: Report<'_>) -> Broken {
+        let mut answered = Some(session.first);
         loop {
-            if closed.borrow().is_some() {
-                break;
-            }
-            let r = tokio::time::timeout(
-                every.max(Duration::from_secs(2)),
-                read(&client, &name, &sequence),
-            )
-            .await;
-            let (last, holder) = match r {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::warn!(lock = %name, "eager fencing on PostgreSQL: {e}");
-                    break;
-                }
-                Err(_) => break,
+            let (last, holder) = match answered.take() {
+                Some(r) => r,
+                None => match self.poll(&session.client, &session.closed).await {
+                    Ok(r) => r,
+                    Err(broken) => return broken,
+                },
             };
-            if !up {
-                seen(Seen::Up);
-                backoff.reset();
-                up = true;
-            }
-            if let Some(old) = &known
+            if let Some(old) = &self.known
                 && holder.as_ref().map(|h| &h.session) != Some(&old.session)
             {
                 seen(Seen::Raise {
@@ -360,11 +382,36 @@ pub async fn watch_holder(
                     why: format!("holder session {} let go of the lock", old.session.0),
                 });
             }
-            known = holder;
-            tokio::time::sleep(every).await;
+            self.known = holder;
+            tokio::time::sleep(self.every).await;
         }
-        seen(Seen::Down);
-        backoff.wait().await;
+    }
+}
+
+impl HolderWatch {
+    /// One poll: the sequence and the holder, unless the connection closed
+    /// or the server does not answer in time.
+    async fn poll(
+        &self,
+        client: &Client,
+        closed: &watch::Receiver<Option<String>>,
+    ) -> Result<(u64, Option<Holder>), Broken> {
+        let ended = closed.borrow().clone();
+        if let Some(why) = ended {
+            return Err(Broken::new(why));
+        }
+        let wait = self.every.max(Duration::from_secs(2));
+        match tokio::time::timeout(wait, read(client, &self.name, &self.sequence)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(Broken::new(format!(
+                "cannot read the lock: {}",
+                crate::access::postgres_error(&e)
+            ))),
+            Err(_) => Err(Broken::new(format!(
+                "no answer within {} ms",
+                wait.as_millis()
+            ))),
+        }
     }
 }
 

@@ -13,7 +13,8 @@
 //! What the counter promises depends on the server's persistence and
 //! replication: see docs/lock-services.md ("Redis: the honest part").
 
-use super::{Backoff, LockError};
+use super::watch::{Broken, Report, Watch};
+use super::{LockError, Seen};
 use crate::config::access::AccessConfig;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
@@ -339,8 +340,6 @@ pub async fn reuse_warnings(conn: &mut MultiplexedConnection) -> Vec<String> {
     out
 }
 
-use super::Seen;
-
 /// Which events `notify-keyspace-events` must include: keyspace channel
 /// (K), generic commands such as DEL (g), expiry (x) and eviction (e).
 /// `A` stands for every class.
@@ -389,85 +388,86 @@ async fn read_state(
 /// degraded and checks again every few seconds. While the subscription is
 /// down, events are lost; on resubscribing the lock is read afresh and a
 /// holder that changed meanwhile is fenced off the same way.
-pub async fn watch_holder(url: String, access: AccessConfig, name: String, seen: impl Fn(Seen)) {
-    let counter = counter_key(&name);
-    let mut known: Option<String> = None;
-    let mut backoff = Backoff::new();
-    let mut last_problem = String::new();
-    // Down, with the reason logged once per new reason.
-    let mut problem = |why: String, seen: &dyn Fn(Seen)| {
-        if why.is_empty() {
-            // Up again: the next problem is logged even if it is the last one.
-            last_problem.clear();
-            return;
-        }
-        if why != last_problem {
-            tracing::warn!(lock = %name, "eager fencing on Redis is down: {why}");
-            last_problem = why;
-        }
-        seen(Seen::Down);
+pub async fn watch_holder(
+    url: String,
+    access: AccessConfig,
+    name: String,
+    seen: impl Fn(Seen) + Sync,
+) {
+    let watch = HolderWatch {
+        url,
+        access,
+        counter: counter_key(&name),
+        name,
+        known: None,
     };
-    loop {
-        let client = match client(&url, &access) {
-            Ok(c) => c,
-            Err(e) => {
-                problem(e.to_string(), &seen);
-                backoff.wait().await;
-                continue;
-            }
-        };
-        let timeout = Duration::from_secs(2);
+    super::watch::run(watch, seen).await
+}
+
+/// How long the watch waits for the server to answer.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often the watch checks that the server answers and that
+/// notifications are on (again, while they are off).
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// The watch of one lock key, for [`watch_holder`].
+struct HolderWatch {
+    url: String,
+    access: AccessConfig,
+    name: String,
+    counter: String,
+    /// The holder (the lock key's value), as last read.
+    known: Option<String>,
+}
+
+/// A connection for commands, and one subscribed to the lock's keyspace
+/// channel.
+struct Subscribed {
+    conn: MultiplexedConnection,
+    pubsub: redis::aio::PubSub,
+}
+
+impl Watch for HolderWatch {
+    const SERVICE: &'static str = "redis";
+    type Session = Subscribed;
+
+    fn lock(&self) -> &str {
+        &self.name
+    }
+
+    async fn connect(&mut self, seen: Report<'_>) -> Result<Subscribed, Broken> {
+        let client = client(&self.url, &self.access)?;
         let (mut conn, mut pubsub) = match (
-            connect(&client, timeout).await,
+            connect(&client, WATCH_TIMEOUT).await,
             client.get_async_pubsub().await,
         ) {
             (Ok(c), Ok(p)) => (c, p),
             (Err(e), _) | (_, Err(e)) => {
-                problem(
-                    format!("cannot connect: {}", crate::access::redis_error(&e)),
-                    &seen,
-                );
-                backoff.wait().await;
-                continue;
+                let why = crate::access::redis_error(&e);
+                return Err(Broken::new(format!("cannot connect: {why}")));
             }
         };
-        match notify_flags(&mut conn).await {
-            Ok(flags) => {
-                if let Some(missing) = notifications_missing(&flags) {
-                    problem(
-                        format!(
-                            "notify-keyspace-events is {flags:?}, lacking {missing:?}: set it \
-                             to include Kgxe (fencegate does not change it)"
-                        ),
-                        &seen,
-                    );
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    continue;
-                }
-            }
-            Err(e) => {
-                problem(format!("cannot read notify-keyspace-events: {e}"), &seen);
-                backoff.wait().await;
-                continue;
-            }
+        let flags = notify_flags(&mut conn)
+            .await
+            .map_err(|e| Broken::new(format!("cannot read notify-keyspace-events: {e}")))?;
+        if let Some(missing) = notifications_missing(&flags) {
+            let why = format!(
+                "notify-keyspace-events is {flags:?}, lacking {missing:?}: set it to include \
+                 Kgxe (fencegate does not change it)"
+            );
+            return Err(Broken::new(why).again_in(CHECK_EVERY));
         }
         let db = client.get_connection_info().redis_settings().db();
-        let channel = format!("__keyspace@{db}__:{name}");
+        let channel = format!("__keyspace@{db}__:{}", self.name);
         if let Err(e) = pubsub.subscribe(&channel).await {
-            problem(format!("cannot subscribe to {channel}: {e}"), &seen);
-            backoff.wait().await;
-            continue;
+            return Err(Broken::new(format!("cannot subscribe to {channel}: {e}")));
         }
         // Subscribed first, read second: nothing falls between the two.
-        let (c, holder) = match read_state(&mut conn, &name, &counter).await {
-            Ok(s) => s,
-            Err(e) => {
-                problem(format!("cannot read the lock: {e}"), &seen);
-                backoff.wait().await;
-                continue;
-            }
-        };
-        if let Some(old) = &known
+        let (c, holder) = read_state(&mut conn, &self.name, &self.counter)
+            .await
+            .map_err(|e| Broken::new(format!("cannot read the lock: {e}")))?;
+        if let Some(old) = &self.known
             && !old.is_empty()
             && *old != holder
         {
@@ -476,45 +476,49 @@ pub async fn watch_holder(url: String, access: AccessConfig, name: String, seen:
                 why: "the holder changed while the subscription was down".into(),
             });
         }
-        known = Some(holder);
-        problem(String::new(), &|_| {});
-        seen(Seen::Up);
-        backoff.reset();
+        self.known = Some(holder);
+        Ok(Subscribed { conn, pubsub })
+    }
+
+    async fn follow(&mut self, session: Subscribed, seen: Report<'_>) -> Broken {
+        let Subscribed {
+            mut conn,
+            mut pubsub,
+        } = session;
         let mut messages = pubsub.on_message();
-        let mut check = tokio::time::interval(Duration::from_secs(2));
-        let why = loop {
+        let mut check = tokio::time::interval(CHECK_EVERY);
+        loop {
             tokio::select! {
                 msg = messages.next() => {
-                    let Some(msg) = msg else { break "the subscription ended".to_string() };
+                    let Some(msg) = msg else { return Broken::new("the subscription ended") };
                     let event: String = msg.get_payload().unwrap_or_default();
-                    let (c, holder) = match read_state(&mut conn, &name, &counter).await {
+                    let (c, holder) = match read_state(&mut conn, &self.name, &self.counter).await {
                         Ok(s) => s,
-                        Err(e) => break format!("cannot read the lock: {e}"),
+                        Err(e) => return Broken::new(format!("cannot read the lock: {e}")),
                     };
                     if matches!(event.as_str(), "del" | "expired" | "evicted") {
                         seen(Seen::Raise {
                             token: fence_for(c, &holder),
-                            why: format!("lock key {name}: {event}"),
+                            why: format!("lock key {}: {event}", self.name),
                         });
                     }
-                    known = Some(holder);
+                    self.known = Some(holder);
                 }
                 _ = check.tick() => {
                     // A server that stopped answering, or notifications
                     // turned off: both leave the watch blind.
-                    match tokio::time::timeout(timeout, notify_flags(&mut conn)).await {
+                    match tokio::time::timeout(WATCH_TIMEOUT, notify_flags(&mut conn)).await {
                         Ok(Ok(flags)) => if let Some(missing) = notifications_missing(&flags) {
-                            break format!("notify-keyspace-events is now {flags:?}, lacking {missing:?}");
+                            return Broken::new(format!(
+                                "notify-keyspace-events is now {flags:?}, lacking {missing:?}"
+                            ));
                         },
-                        Ok(Err(e)) => break format!("lost the connection: {e}"),
-                        Err(_) => break "the server stopped answering".into(),
+                        Ok(Err(e)) => return Broken::new(format!("lost the connection: {e}")),
+                        Err(_) => return Broken::new("the server stopped answering"),
                     }
                 }
             }
-        };
-        drop(messages);
-        problem(why, &seen);
-        backoff.wait().await;
+        }
     }
 }
 

@@ -8,7 +8,8 @@
 //! empty container and wraps at 2^31. Apache Curator's `InterProcessMutex`
 //! on the same path takes the same lock.
 
-use super::{Backoff, LockError, Seen};
+use super::watch::{Broken, Report, Watch};
+use super::{LockError, Seen};
 use crate::config::access::AccessConfig;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -201,22 +202,41 @@ pub async fn watch_holder(
     access: AccessConfig,
     session: Duration,
     path: String,
-    seen: impl Fn(Seen),
+    seen: impl Fn(Seen) + Sync,
 ) {
-    let mut holder: Option<String> = None;
-    let mut backoff = Backoff::new();
-    loop {
-        let client = match connect(&servers, &access, session).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(lock = %path, error = %e, "eager fencing: cannot reach ZooKeeper");
-                seen(Seen::Down);
-                backoff.wait().await;
-                continue;
-            }
-        };
-        seen(Seen::Up);
-        backoff.reset();
+    let watch = HolderWatch {
+        servers,
+        access,
+        session,
+        path,
+        holder: None,
+    };
+    super::watch::run(watch, seen).await
+}
+
+/// The watch of one lock directory, for [`watch_holder`].
+struct HolderWatch {
+    servers: String,
+    access: AccessConfig,
+    session: Duration,
+    path: String,
+    /// The holder's node, as last seen.
+    holder: Option<String>,
+}
+
+impl Watch for HolderWatch {
+    const SERVICE: &'static str = "zookeeper";
+    type Session = zk::Client;
+
+    fn lock(&self) -> &str {
+        &self.path
+    }
+
+    async fn connect(&mut self, _: Report<'_>) -> Result<zk::Client, Broken> {
+        Ok(connect(&self.servers, &self.access, self.session).await?)
+    }
+
+    async fn follow(&mut self, client: zk::Client, seen: Report<'_>) -> Broken {
         // The client reconnects by itself within the session; say when
         // the watch is blind meanwhile.
         let states = async {
@@ -225,91 +245,95 @@ pub async fn watch_holder(
                 match w.changed().await {
                     zk::SessionState::Disconnected => seen(Seen::Down),
                     zk::SessionState::SyncConnected => seen(Seen::Up),
-                    s if s.is_terminated() => return,
+                    s if s.is_terminated() => return Broken::new(format!("session {s:?}")),
                     _ => {}
                 }
             }
         };
-        let children = async {
-            loop {
-                match client.get_and_watch_children(&path).await {
-                    Ok((children, dir, watcher)) => {
-                        let current = children
-                            .iter()
-                            .filter_map(|c| sequence(c).map(|s| (s, c)))
-                            .min()
-                            .map(|(_, c)| c.clone());
-                        if let Some(old) = &holder
-                            && current.as_ref() != Some(old)
-                        {
-                            let raise = match &current {
-                                Some(new) => {
-                                    match client.check_stat(&format!("{path}/{new}")).await {
-                                        Ok(Some(st)) => Some((
-                                            st.czxid,
-                                            format!("holder {old} replaced by {new}"),
-                                        )),
-                                        // Gone already: look again.
-                                        Ok(None) => continue,
-                                        Err(_) => break,
-                                    }
-                                }
-                                None => {
-                                    Some((dir.pzxid, format!("holder {old} released the lock")))
-                                }
-                            };
-                            if let Some((token, why)) = raise {
-                                seen(Seen::Raise {
-                                    token: token as u64,
-                                    why,
-                                });
-                            }
-                        }
-                        holder = current;
-                        let ev = watcher.changed().await;
-                        if ev.session_state.is_terminated() {
-                            break;
-                        }
-                    }
-                    Err(zk::Error::NoNode) => {
-                        // No directory: nobody holds or waits. ZooKeeper reaped
-                        // the empty container after the holder left (or it was
-                        // deleted): the nearest ancestor's pzxid is at least
-                        // that deletion, and below any later node's czxid.
-                        if let Some(old) = &holder {
-                            match ancestor_pzxid(&client, &path).await {
-                                Ok(z) => {
-                                    seen(Seen::Raise {
-                                        token: z as u64,
-                                        why: format!(
-                                            "holder {old} released the lock (directory reaped)"
-                                        ),
-                                    });
-                                    holder = None;
-                                }
-                                Err(_) => break,
-                            }
-                        }
-                        match client.check_and_watch_stat(&path).await {
-                            Ok((Some(_), _)) => continue,
-                            Ok((None, w)) => {
-                                if w.changed().await.session_state.is_terminated() {
-                                    break;
-                                }
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
-        };
         tokio::select! {
-            _ = states => {}
-            _ = children => {}
+            broken = states => broken,
+            broken = follow_children(&client, &self.path, &mut self.holder, seen) => broken,
         }
-        seen(Seen::Down);
-        backoff.wait().await;
+    }
+}
+
+/// Follows the children of directory `path`, reporting each time the holder
+/// (`holder`, as last seen) goes, until the session ends or a read fails.
+async fn follow_children(
+    client: &zk::Client,
+    path: &str,
+    holder: &mut Option<String>,
+    seen: Report<'_>,
+) -> Broken {
+    loop {
+        let (children, dir, watcher) = match client.get_and_watch_children(path).await {
+            Ok(r) => r,
+            Err(zk::Error::NoNode) => match no_directory(client, path, holder, seen).await {
+                Ok(()) => continue,
+                Err(broken) => return broken,
+            },
+            Err(e) => return Broken::new(format!("cannot watch {path}: {e}")),
+        };
+        let current = children
+            .iter()
+            .filter_map(|c| sequence(c).map(|s| (s, c)))
+            .min()
+            .map(|(_, c)| c.clone());
+        if let Some(old) = holder.as_ref()
+            && current.as_ref() != Some(old)
+        {
+            let (token, why) = match &current {
+                Some(new) => match client.check_stat(&format!("{path}/{new}")).await {
+                    Ok(Some(st)) => (st.czxid, format!("holder {old} replaced by {new}")),
+                    // Gone already: look again.
+                    Ok(None) => continue,
+                    Err(e) => return Broken::new(format!("cannot read {path}/{new}: {e}")),
+                },
+                None => (dir.pzxid, format!("holder {old} released the lock")),
+            };
+            seen(Seen::Raise {
+                token: token as u64,
+                why,
+            });
+        }
+        *holder = current;
+        let ev = watcher.changed().await;
+        if ev.session_state.is_terminated() {
+            return Broken::new(format!("session {:?}", ev.session_state));
+        }
+    }
+}
+
+/// No directory: nobody holds or waits. ZooKeeper reaped the empty
+/// container after the holder left (or it was deleted): the nearest
+/// ancestor's pzxid is at least that deletion, and below any later node's
+/// czxid. Raises to it if a holder was known, then waits for the directory.
+async fn no_directory(
+    client: &zk::Client,
+    path: &str,
+    holder: &mut Option<String>,
+    seen: Report<'_>,
+) -> Result<(), Broken> {
+    if let Some(old) = holder.as_ref() {
+        let z = ancestor_pzxid(client, path)
+            .await
+            .map_err(|e| Broken::new(format!("cannot read the ancestors of {path}: {e}")))?;
+        seen(Seen::Raise {
+            token: z as u64,
+            why: format!("holder {old} released the lock (directory reaped)"),
+        });
+        *holder = None;
+    }
+    match client.check_and_watch_stat(path).await {
+        Ok((Some(_), _)) => Ok(()),
+        Ok((None, w)) => {
+            let ev = w.changed().await;
+            if ev.session_state.is_terminated() {
+                return Err(Broken::new(format!("session {:?}", ev.session_state)));
+            }
+            Ok(())
+        }
+        Err(e) => Err(Broken::new(format!("cannot watch {path}: {e}"))),
     }
 }
 
