@@ -4,7 +4,7 @@
 
 use super::index::{BUCKETS, OBJECTS, UPLOADS};
 use super::multipart::drop_upload;
-use super::{Store, bucket_must_exist, internal, now_ms, timestamp};
+use super::{Store, internal, now_ms, timestamp};
 use redb::{ReadableTable, ReadableTableMetadata};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
@@ -74,8 +74,7 @@ impl Store {
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
         let bucket = req.input.bucket;
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
@@ -84,8 +83,7 @@ impl Store {
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
         let bucket = req.input.bucket;
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 

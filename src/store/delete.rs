@@ -3,9 +3,9 @@
 //! that deletes, so they hold atomically. A key that does not exist is
 //! deleted already (204), unless an `If-Match` asked for it (404).
 
-use super::index::{OBJECTS, ObjectRecord};
-use super::objects::{bucket_exists_w, check_version, current, precondition_failed};
-use super::{Store, blob_unref, check_key};
+use super::index::{BUCKETS, OBJECTS, ObjectRecord};
+use super::objects::{check_version, current, precondition_failed};
+use super::{Store, blob_unref, bucket_exists, check_key};
 use redb::WriteTransaction;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
@@ -90,7 +90,7 @@ impl Store {
         let (bucket, key) = (input.bucket, input.key);
         let unused = self
             .commit(move |txn| {
-                if let Err(e) = bucket_exists_w(txn, &bucket)? {
+                if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
                     return Ok((Err(e), vec![]));
                 }
                 Ok((delete_record(txn, &bucket, &key, &cond)?, vec![]))
@@ -113,7 +113,7 @@ impl Store {
         let bucket = input.bucket;
         let (results, unused) = self
             .commit(move |txn| {
-                if let Err(e) = bucket_exists_w(txn, &bucket)? {
+                if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
                     return Ok((Err(e), vec![]));
                 }
                 let mut results = Vec::new();

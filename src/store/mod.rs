@@ -145,6 +145,16 @@ impl Store {
         .map_err(internal)?
     }
 
+    /// Refuses a request on a bucket that does not exist (a write checks
+    /// again in the step that commits it).
+    async fn bucket_must_exist(&self, bucket: String) -> S3Result<()> {
+        self.read(move |txn| {
+            let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+            bucket_exists(&buckets, &bucket).map_err(internal)?
+        })
+        .await
+    }
+
     /// Applies `f` in the next group commit (see `commit.rs`): its answer
     /// once durable. `f` returns the answer and the new blobs it points at.
     async fn commit<T: Send + 'static>(
@@ -198,16 +208,20 @@ fn full(e: impl std::fmt::Display) -> S3Error {
     err
 }
 
-/// Refuses a request on a bucket that does not exist.
-fn bucket_must_exist(txn: &ReadTransaction, bucket: &str) -> S3Result<()> {
-    let t = txn.open_table(BUCKETS).map_err(internal)?;
-    match t.get(bucket).map_err(internal)? {
+/// `NoSuchBucket` unless `bucket` is in `buckets`, the table as a read or
+/// a write transaction sees it. The outer error is the index's own: a step
+/// fails its transaction with it, a read answers it `500`.
+fn bucket_exists(
+    buckets: &impl ReadableTable<&'static str, u64>,
+    bucket: &str,
+) -> Result<S3Result<()>, redb::StorageError> {
+    Ok(match buckets.get(bucket)? {
         Some(_) => Ok(()),
         None => Err(s3_error!(
             NoSuchBucket,
             "the bucket {bucket} does not exist"
         )),
-    }
+    })
 }
 
 /// A blob's references go up by one (a new record points at it).

@@ -10,14 +10,13 @@ use super::blobs;
 use super::checksums::{check_object, check_part, composite, full_object, upload_type};
 use super::copy::{copy_source, source_conditions, source_record};
 use super::index::{
-    Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
+    BUCKETS, Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
     checksums_in, decode, encode,
 };
 use super::objects::{
-    Hashes, WriteConditions, bucket_exists_w, declared_algorithms, headers_of, put_record, verify,
-    write_error,
+    Hashes, WriteConditions, declared_algorithms, headers_of, put_record, verify, write_error,
 };
-use super::{Store, blob_ref, blob_unref, check_key, internal, now_ms, timestamp};
+use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;
@@ -154,7 +153,7 @@ impl Store {
         };
         let (bucket, key, upload) = (input.bucket.clone(), input.key.clone(), id.clone());
         self.commit(move |txn| {
-            if let Err(e) = bucket_exists_w(txn, &bucket)? {
+            if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
                 return Ok((Err(e), vec![]));
             }
             let mut t = txn.open_table(UPLOADS)?;

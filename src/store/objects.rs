@@ -10,9 +10,9 @@
 
 use super::blobs::{self, WriteError};
 use super::index::{
-    Checksums, Headers, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode,
+    BUCKETS, Checksums, Headers, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode,
 };
-use super::{Store, blob_ref, blob_unref, bucket_must_exist, check_key, full, internal, now_ms};
+use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, full, internal, now_ms};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;
@@ -254,7 +254,7 @@ pub(super) fn put_record(
     record: &ObjectRecord,
     cond: &WriteConditions,
 ) -> Result<S3Result<Vec<u128>>, redb::Error> {
-    if let Err(e) = bucket_exists_w(txn, bucket)? {
+    if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, bucket)? {
         return Ok(Err(e));
     }
     let mut objects = txn.open_table(OBJECTS)?;
@@ -276,21 +276,6 @@ pub(super) fn put_record(
     Ok(Ok(unused))
 }
 
-/// Whether `bucket` exists, seen from a write transaction.
-pub(super) fn bucket_exists_w(
-    txn: &WriteTransaction,
-    bucket: &str,
-) -> Result<S3Result<()>, redb::Error> {
-    let t = txn.open_table(super::index::BUCKETS)?;
-    Ok(match t.get(bucket)? {
-        Some(_) => Ok(()),
-        None => Err(s3_error!(
-            NoSuchBucket,
-            "the bucket {bucket} does not exist"
-        )),
-    })
-}
-
 impl Store {
     pub(super) async fn put_object(
         &self,
@@ -300,8 +285,7 @@ impl Store {
         let mut input = req.input;
         check_key(&input.key)?;
         let bucket = input.bucket.clone();
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
         let declared = checksums_in!(input);
         let algorithms =
@@ -409,7 +393,8 @@ pub(super) fn object_in(
     bucket: &str,
     key: &str,
 ) -> S3Result<ObjectRecord> {
-    bucket_must_exist(txn, bucket)?;
+    let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+    bucket_exists(&buckets, bucket).map_err(internal)??;
     let t = txn.open_table(OBJECTS).map_err(internal)?;
     current(&t, bucket, key)
         .map_err(internal)?
