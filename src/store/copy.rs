@@ -4,8 +4,8 @@
 //! writes the destination, so that neither can change in between. No bytes
 //! are copied; the blobs count their references.
 
-use super::index::{OBJECTS, ObjectRecord};
-use super::objects::{WriteConditions, check_version, current, headers_of, put_record};
+use super::index::{OBJECTS, ObjectRecord, headers_in};
+use super::objects::{WriteConditions, check_version, current, put_record};
 use super::read::ReadConditions;
 use super::{Store, check_key, internal, now_ms, timestamp};
 use s3s::dto::*;
@@ -67,25 +67,14 @@ impl Store {
             if_match: header(http::header::IF_MATCH)?,
             if_none_match: header(http::header::IF_NONE_MATCH)?,
         };
-        let input = req.input;
+        let mut input = req.input;
         check_key(&input.key)?;
         let (src_bucket, src_key) = copy_source(&input.copy_source)?;
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        let new_headers = replace.then(|| {
-            headers_of(
-                input.content_type.clone(),
-                input.content_encoding.clone(),
-                input.content_disposition.clone(),
-                input.content_language.clone(),
-                input.cache_control.clone(),
-                input.expires.clone(),
-                input.website_redirect_location.clone(),
-                input.metadata.clone(),
-            )
-        });
+        let new_headers = replace.then(|| headers_in!(input));
         if !replace && src_bucket == input.bucket && src_key == input.key {
             return Err(s3_error!(
                 InvalidRequest,

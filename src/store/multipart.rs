@@ -11,10 +11,10 @@ use super::checksums::{check_object, check_part, composite, full_object, upload_
 use super::copy::{copy_source, source_conditions, source_record};
 use super::index::{
     BUCKETS, Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
-    checksums_in, decode, encode,
+    checksums_in, decode, encode, headers_in,
 };
 use super::objects::{
-    Hashes, WriteConditions, declared_algorithms, headers_of, put_record, verify, write_error,
+    Hashes, WriteConditions, declared_algorithms, put_record, verify, write_error,
 };
 use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp};
 use redb::{ReadableTable, WriteTransaction};
@@ -127,7 +127,7 @@ impl Store {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        let input = req.input;
+        let mut input = req.input;
         check_key(&input.key)?;
         let id = format!("{:032x}", rand::random::<u128>());
         let algorithm = input.checksum_algorithm.as_ref().map(|a| a.as_str());
@@ -135,16 +135,7 @@ impl Store {
         let checksum_type = upload_type(algorithm, asked)?;
         let record = UploadRecord {
             initiated_ms: now_ms(),
-            headers: headers_of(
-                input.content_type,
-                input.content_encoding,
-                input.content_disposition,
-                input.content_language,
-                input.cache_control,
-                input.expires,
-                input.website_redirect_location,
-                input.metadata,
-            ),
+            headers: headers_in!(input),
             checksum_algorithm: input
                 .checksum_algorithm
                 .as_ref()

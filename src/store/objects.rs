@@ -10,14 +10,13 @@
 
 use super::blobs::{self, WriteError};
 use super::index::{
-    BUCKETS, Checksums, Headers, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode,
+    BUCKETS, Checksums, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode, headers_in,
 };
 use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, full, internal, now_ms};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;
 use s3s::{S3Error, S3Request, S3Response, S3Result, s3_error};
-use std::collections::HashMap;
 
 /// The body's digests, computed as it streams.
 pub(super) struct Hashes {
@@ -203,36 +202,6 @@ pub(super) fn precondition_failed() -> S3Error {
     )
 }
 
-/// The headers a PUT, a copy under REPLACE or a CreateMultipartUpload
-/// stores with the object.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn headers_of(
-    content_type: Option<String>,
-    content_encoding: Option<String>,
-    content_disposition: Option<String>,
-    content_language: Option<String>,
-    cache_control: Option<String>,
-    expires: Option<Timestamp>,
-    website_redirect_location: Option<String>,
-    metadata: Option<HashMap<String, String>>,
-) -> Headers {
-    let expires = expires.and_then(|t| {
-        let mut buf = Vec::new();
-        t.format(TimestampFormat::HttpDate, &mut buf).ok()?;
-        String::from_utf8(buf).ok()
-    });
-    Headers {
-        content_type,
-        content_encoding,
-        content_disposition,
-        content_language,
-        cache_control,
-        expires,
-        website_redirect_location,
-        metadata: metadata.unwrap_or_default().into_iter().collect(),
-    }
-}
-
 /// The record at `(bucket, key)` in `txn`'s view.
 pub(super) fn current(
     t: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
@@ -319,16 +288,7 @@ impl Store {
             size,
             etag: hex::encode(md5),
             last_modified_ms: now_ms(),
-            headers: headers_of(
-                input.content_type,
-                input.content_encoding,
-                input.content_disposition,
-                input.content_language,
-                input.cache_control,
-                input.expires,
-                input.website_redirect_location,
-                input.metadata,
-            ),
+            headers: headers_in!(input),
             checksums: sums,
             parts: Vec::new(),
             upload_id: None,
@@ -414,6 +374,7 @@ pub(super) fn check_version(v: Option<&str>) -> S3Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::index::Headers;
     use super::*;
 
     fn record(etag: &str) -> ObjectRecord {
