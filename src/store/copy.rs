@@ -4,8 +4,9 @@
 //! writes the destination, so that neither can change in between. No bytes
 //! are copied; the blobs count their references.
 
+use super::conditions::{WriteConditions, precondition_failed};
 use super::index::{OBJECTS, ObjectRecord, headers_in};
-use super::objects::{WriteConditions, check_version, current, put_record};
+use super::objects::{check_version, current, put_record};
 use super::read::ReadConditions;
 use super::{Store, check_key, internal, now_ms, timestamp};
 use s3s::dto::*;
@@ -44,7 +45,7 @@ pub(super) fn source_conditions(
     let modified = timestamp(record.last_modified_ms);
     c.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))
         .map_err(|e| match e.code() {
-            s3s::S3ErrorCode::NotModified => super::objects::precondition_failed(),
+            s3s::S3ErrorCode::NotModified => precondition_failed(),
             _ => e,
         })
 }

@@ -3,8 +3,9 @@
 //! that deletes, so they hold atomically. A key that does not exist is
 //! deleted already (204), unless an `If-Match` asked for it (404).
 
+use super::conditions::precondition_failed;
 use super::index::{BUCKETS, OBJECTS, ObjectRecord};
-use super::objects::{check_version, current, precondition_failed};
+use super::objects::{check_version, current};
 use super::{Store, blob_unref, bucket_exists, check_key};
 use redb::WriteTransaction;
 use s3s::dto::*;

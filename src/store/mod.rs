@@ -29,6 +29,7 @@ mod blobs;
 mod buckets;
 mod checksums;
 mod commit;
+mod conditions;
 mod copy;
 mod delete;
 mod import;
