@@ -6,9 +6,9 @@
 
 use super::conditions::{WriteConditions, precondition_failed};
 use super::index::{OBJECTS, ObjectRecord, headers_in};
-use super::objects::{check_version, current, put_record};
+use super::objects::{current, put_record};
 use super::read::ReadConditions;
-use super::{Store, check_key, internal, now_ms, timestamp};
+use super::{Store, check_key, check_version, internal, now_ms, timestamp};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 

@@ -5,8 +5,8 @@
 
 use super::conditions::precondition_failed;
 use super::index::{BUCKETS, OBJECTS, ObjectRecord};
-use super::objects::{check_version, current};
-use super::{Store, blob_unref, bucket_exists, check_key};
+use super::objects::current;
+use super::{Store, blob_unref, bucket_exists, check_key, check_version};
 use redb::WriteTransaction;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};

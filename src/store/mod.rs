@@ -18,11 +18,16 @@
 //!   on; once there is room, writes go through again without a restart
 //!   (`redb_file.rs`).
 //!
-//! The S3 operations: `buckets.rs`, `acl.rs` (one owner, private), `objects.rs` (PUT, GET, HEAD),
+//! The S3 operations: `buckets.rs`, `acl.rs` (one owner, private),
+//! `objects.rs` (PutObject, and the object record every write puts),
+//! `read.rs` (GetObject, HeadObject, their ranges and conditions),
 //! `delete.rs` (DeleteObject, DeleteObjects), `copy.rs` (CopyObject),
-//! `multipart.rs` (with `checksums.rs`, a multipart object's checksums), `listing.rs` (every listing), `read.rs` (a read's
-//! conditions), `s3.rs` (the trait, one line per operation). `import.rs`
-//! brings in a data directory the earlier s3s-fs store wrote.
+//! `multipart.rs` (with `checksums.rs`, a multipart object's checksums),
+//! `listing.rs` (every listing), `s3.rs` (the trait, one line per
+//! operation). What the writes share: `digests.rs` (a body's MD5 and
+//! checksums, checked against what its request declared) and
+//! `conditions.rs` (`If-None-Match`, `If-Match`). `import.rs` brings in a
+//! data directory the earlier s3s-fs store wrote.
 
 mod acl;
 mod blobs;
@@ -32,6 +37,7 @@ mod commit;
 mod conditions;
 mod copy;
 mod delete;
+mod digests;
 mod import;
 mod index;
 mod listing;
@@ -41,7 +47,7 @@ mod read;
 mod s3;
 
 use crate::redb_file::DbFile;
-use blobs::Blobs;
+use blobs::{Blobs, WriteError};
 use commit::{Applied, Committer};
 use index::{BLOBS, BUCKETS, OBJECTS, PARTS, UPLOADS};
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
@@ -209,6 +215,15 @@ fn full(e: impl std::fmt::Display) -> S3Error {
     err
 }
 
+/// A body write's error as S3 answers it.
+fn write_error(e: WriteError) -> S3Error {
+    match e {
+        WriteError::Body(e) => s3_error!(IncompleteBody, "the request body broke off: {e}"),
+        WriteError::Full(e) => full(e),
+        WriteError::Io(e) => internal(e),
+    }
+}
+
 /// `NoSuchBucket` unless `bucket` is in `buckets`, the table as a read or
 /// a write transaction sees it. The outer error is the index's own: a step
 /// fails its transaction with it, a read answers it `500`.
@@ -267,4 +282,15 @@ fn check_key(key: &str) -> S3Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Only the one version an unversioned bucket has: `null`.
+fn check_version(v: Option<&str>) -> S3Result<()> {
+    match v {
+        None | Some("null") => Ok(()),
+        Some(_) => Err(s3_error!(
+            NoSuchVersion,
+            "this store keeps one version per key, `null`"
+        )),
+    }
 }

@@ -10,12 +10,15 @@ use super::blobs;
 use super::checksums::{check_object, check_part, composite, full_object, upload_type};
 use super::conditions::WriteConditions;
 use super::copy::{copy_source, source_conditions, source_record};
+use super::digests::{Hashes, declared_algorithms, verify};
 use super::index::{
     BUCKETS, Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
     checksums_in, decode, encode, headers_in,
 };
-use super::objects::{Hashes, declared_algorithms, put_record, verify, write_error};
-use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp};
+use super::objects::put_record;
+use super::{
+    Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp, write_error,
+};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;

@@ -1,165 +1,24 @@
-//! Objects: PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects
-//! and CopyObject.
+//! Objects: PutObject, and the object record every write of one commits
+//! and every read of one starts from.
 //!
-//! A write streams its body into a new blob, checks the digests the
-//! request declared (Content-MD5, `x-amz-checksum-*` in headers or
-//! trailers), and only then commits the record, in one step that also
-//! checks the request's conditions and that the bucket still exists. A
-//! copy is a record that points at the source's blobs (read in the same
-//! step, so the source cannot go away in between): no bytes are copied.
+//! A PUT streams its body into a new blob, checks the digests the request
+//! declared (`digests.rs`), and only then commits the record. `put_record`
+//! is the step that puts a record, a PUT's, a copy's (`copy.rs`) or a
+//! completed upload's (`multipart.rs`): it checks that the bucket still
+//! exists and that the request's conditions hold (`conditions.rs`), puts
+//! the record and counts the references of its blobs. `current` and
+//! `object_in` read the record at a key, in a step or in a read.
 
-use super::blobs::{self, WriteError};
+use super::blobs;
 use super::conditions::WriteConditions;
+use super::digests::{Hashes, declared_algorithms, verify};
 use super::index::{
-    BUCKETS, Checksums, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode, headers_in,
+    BUCKETS, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode, headers_in,
 };
-use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, full, internal, now_ms};
+use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, write_error};
 use redb::{ReadableTable, WriteTransaction};
-use s3s::crypto::Checksum as _;
 use s3s::dto::*;
-use s3s::{S3Error, S3Request, S3Response, S3Result, s3_error};
-
-/// The body's digests, computed as it streams.
-pub(super) struct Hashes {
-    md5: s3s::crypto::Md5,
-    sums: s3s::checksum::ChecksumHasher,
-}
-
-/// The checksum algorithms a request declares: its `x-amz-checksum-*`
-/// headers, its `x-amz-sdk-checksum-algorithm`, and the trailers it names.
-pub(super) fn declared_algorithms(
-    algorithm: Option<&ChecksumAlgorithm>,
-    given: &Checksums,
-    headers: &http::HeaderMap,
-) -> Vec<String> {
-    let mut names: Vec<String> = algorithm
-        .map(|a| a.as_str().to_string())
-        .into_iter()
-        .collect();
-    for (name, v) in [
-        ("CRC32", &given.crc32),
-        ("CRC32C", &given.crc32c),
-        ("CRC64NVME", &given.crc64nvme),
-        ("SHA1", &given.sha1),
-        ("SHA256", &given.sha256),
-    ] {
-        if v.is_some() {
-            names.push(name.to_string());
-        }
-    }
-    for t in headers
-        .get_all("x-amz-trailer")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-    {
-        for t in t.split(',') {
-            if let Some(a) = t
-                .trim()
-                .to_ascii_lowercase()
-                .strip_prefix("x-amz-checksum-")
-            {
-                names.push(a.to_ascii_uppercase());
-            }
-        }
-    }
-    names.sort();
-    names.dedup();
-    names
-}
-
-impl Hashes {
-    pub(super) fn new(algorithms: &[String]) -> S3Result<Hashes> {
-        let mut sums = s3s::checksum::ChecksumHasher::default();
-        for a in algorithms {
-            match a.as_str() {
-                ChecksumAlgorithm::CRC32 => sums.crc32 = Some(Default::default()),
-                ChecksumAlgorithm::CRC32C => sums.crc32c = Some(Default::default()),
-                ChecksumAlgorithm::CRC64NVME => sums.crc64nvme = Some(Default::default()),
-                ChecksumAlgorithm::SHA1 => sums.sha1 = Some(Default::default()),
-                ChecksumAlgorithm::SHA256 => sums.sha256 = Some(Default::default()),
-                other => {
-                    return Err(s3_error!(
-                        InvalidRequest,
-                        "unknown checksum algorithm {other}"
-                    ));
-                }
-            }
-        }
-        Ok(Hashes {
-            md5: s3s::crypto::Md5::new(),
-            sums,
-        })
-    }
-
-    pub(super) fn update(&mut self, piece: &[u8]) {
-        self.md5.update(piece);
-        self.sums.update(piece);
-    }
-
-    /// The MD5 (raw) and the checksums.
-    pub(super) fn finish(self) -> ([u8; 16], Checksums) {
-        let md5: [u8; 16] = self.md5.finalize();
-        let mut s = self.sums.finalize();
-        let sums = checksums_in!(s);
-        (md5, sums)
-    }
-}
-
-/// Checks a body's digests against what its request declared; the
-/// trailers (`aws-chunked`) add theirs to the headers'.
-pub(super) fn verify(
-    content_md5: Option<&str>,
-    md5: &[u8; 16],
-    declared: &Checksums,
-    trailers: Option<&http::HeaderMap>,
-    computed: &Checksums,
-) -> S3Result<()> {
-    if let Some(want) = content_md5 {
-        let want = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, want.trim())
-            .map_err(|_| s3_error!(InvalidDigest, "Content-MD5 is not base64"))?;
-        if want != md5 {
-            return Err(s3_error!(
-                BadDigest,
-                "the body does not match its Content-MD5"
-            ));
-        }
-    }
-    let trailer = |name: &str| {
-        trailers
-            .and_then(|t| t.get(name))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    for (name, given, got) in [
-        ("crc32", &declared.crc32, &computed.crc32),
-        ("crc32c", &declared.crc32c, &computed.crc32c),
-        ("crc64nvme", &declared.crc64nvme, &computed.crc64nvme),
-        ("sha1", &declared.sha1, &computed.sha1),
-        ("sha256", &declared.sha256, &computed.sha256),
-    ] {
-        let want = given
-            .clone()
-            .or_else(|| trailer(&format!("x-amz-checksum-{name}")));
-        if let Some(want) = want
-            && Some(&want) != got.as_ref()
-        {
-            return Err(s3_error!(
-                BadDigest,
-                "the body does not match its x-amz-checksum-{name}"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A body write's error as S3 answers it.
-pub(super) fn write_error(e: WriteError) -> S3Error {
-    match e {
-        WriteError::Body(e) => s3_error!(IncompleteBody, "the request body broke off: {e}"),
-        WriteError::Full(e) => full(e),
-        WriteError::Io(e) => internal(e),
-    }
-}
+use s3s::{S3Request, S3Response, S3Result, s3_error};
 
 /// The record at `(bucket, key)` in `txn`'s view.
 pub(super) fn current(
@@ -318,15 +177,4 @@ pub(super) fn object_in(
     current(&t, bucket, key)
         .map_err(internal)?
         .ok_or_else(|| s3_error!(NoSuchKey, "the key does not exist"))
-}
-
-/// Only the one version an unversioned bucket has: `null`.
-pub(super) fn check_version(v: Option<&str>) -> S3Result<()> {
-    match v {
-        None | Some("null") => Ok(()),
-        Some(_) => Err(s3_error!(
-            NoSuchVersion,
-            "this store keeps one version per key, `null`"
-        )),
-    }
 }
