@@ -79,11 +79,63 @@ pub fn new_id() -> u128 {
     rand::random::<u128>().max(1)
 }
 
+/// A blob a request writes, that no committed record points at yet. The
+/// guard removes the file when it is dropped, so that no way out of a
+/// write leaves it behind: an error, a body that does not match its
+/// digests, a refused commit, or the request's future dropped on the way
+/// (a client that left). Once a step that points at the blob has gone to
+/// the commit thread, the guard must leave the file be: see
+/// `Store::commit_fresh`. (A file that a dropped write makes after its
+/// guard is gone, as tokio finishes a file operation on a blocking thread
+/// of its own, is left to the start-up collection.)
+#[must_use = "dropping the guard removes the blob"]
+pub struct FreshBlob {
+    blobs: Blobs,
+    id: u128,
+    /// Whether dropping the guard removes the file.
+    remove: bool,
+}
+
+impl FreshBlob {
+    pub fn id(&self) -> u128 {
+        self.id
+    }
+
+    /// A step that points at the blob goes to the commit thread: from now
+    /// on, dropping the guard leaves the file.
+    pub fn committing(&mut self) {
+        self.remove = false;
+    }
+
+    /// The commit refused the step: nothing points at the blob, and the
+    /// guard removes it now.
+    pub fn refused(mut self) {
+        self.remove = true;
+    }
+}
+
+impl Drop for FreshBlob {
+    fn drop(&mut self) {
+        if self.remove {
+            self.blobs.remove(self.id);
+        }
+    }
+}
+
 impl Blobs {
     pub fn new(root: PathBuf) -> Blobs {
         Blobs {
             root,
             readers: Default::default(),
+        }
+    }
+
+    /// A new blob, under a guard that removes its file (see [`FreshBlob`]).
+    pub fn fresh(&self) -> FreshBlob {
+        FreshBlob {
+            blobs: self.clone(),
+            id: new_id(),
+            remove: true,
         }
     }
 

@@ -47,7 +47,7 @@ mod read;
 mod s3;
 
 use crate::redb_file::DbFile;
-use blobs::{Blobs, WriteError};
+use blobs::{Blobs, FreshBlob, WriteError};
 use commit::{Applied, Committer};
 use index::{BLOBS, BUCKETS, OBJECTS, PARTS, UPLOADS};
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
@@ -58,6 +58,10 @@ use std::time::{Duration, SystemTime};
 
 /// redb's page cache for the index.
 const INDEX_CACHE: usize = 64 << 20;
+
+/// How long the blob of a failed commit waits for the index to write
+/// again, to be removed if the index does not point at it.
+const SETTLE_WAIT: Duration = Duration::from_secs(600);
 
 /// The embedded store on one directory: `index.redb` and `blobs/`.
 #[derive(Clone)]
@@ -120,13 +124,7 @@ impl Store {
     fn collect_garbage_later(&self, before: SystemTime) {
         let store = self.clone();
         std::thread::spawn(move || {
-            let live = |id: u128| -> Result<bool, String> {
-                let db = store.index.read()?;
-                let txn = db.begin_read().map_err(|e| e.to_string())?;
-                let t = txn.open_table(BLOBS).map_err(|e| e.to_string())?;
-                Ok(t.get(id).map_err(|e| e.to_string())?.is_some())
-            };
-            match store.blobs.collect_garbage(before, live) {
+            match store.blobs.collect_garbage(before, |id| store.live(id)) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(
                     removed = n,
@@ -135,6 +133,14 @@ impl Store {
                 Err(e) => tracing::warn!("embedded store: collecting unused blob files: {e}"),
             }
         });
+    }
+
+    /// Whether the index points at blob `id`.
+    fn live(&self, id: u128) -> Result<bool, String> {
+        let db = self.index.read()?;
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        let t = txn.open_table(BLOBS).map_err(|e| e.to_string())?;
+        Ok(t.get(id).map_err(|e| e.to_string())?.is_some())
     }
 
     /// Runs `f` on a read transaction, off the async threads.
@@ -168,11 +174,94 @@ impl Store {
         &self,
         f: impl FnOnce(&WriteTransaction) -> Applied<(S3Result<T>, Vec<u128>)> + Send + 'static,
     ) -> S3Result<T> {
-        match self.committer.commit(f).await {
-            Ok(answer) => answer,
-            Err(e) if e.contains("(os error 28)") => Err(full(&e)),
-            Err(e) => Err(unavailable(e)),
+        self.committer.commit(f).await.map_err(commit_failed)?
+    }
+
+    /// Applies `f`, a step that points at the new blob `fresh` guards, in
+    /// the next group commit, as [`Store::commit`] does, and settles the
+    /// blob. `f` answers `Ok` only if what it commits points at the blob;
+    /// a refusal (`Err`) must leave nothing that does.
+    ///
+    /// - Committed: a record points at the blob, which stays.
+    /// - Refused: nothing points at it; the guard removes it.
+    /// - The transaction failed: it may be in the index all the same (see
+    ///   `remove_unless_live_later`), so the blob is removed only once the
+    ///   index says that nothing points at it.
+    /// - This future dropped while it waits (the client left): the blob is
+    ///   left be, as reasoned below.
+    async fn commit_fresh<T: Send + 'static>(
+        &self,
+        mut fresh: FreshBlob,
+        f: impl FnOnce(&WriteTransaction) -> Applied<S3Result<T>> + Send + 'static,
+    ) -> S3Result<T> {
+        let id = fresh.id();
+        // The step goes to the commit thread when the future below is first
+        // polled, and from then on the thread applies and commits it
+        // whether or not anyone still waits for its answer (`commit.rs`:
+        // `Committer::commit` sends the step, `run` applies every step it
+        // receives, and `Typed::done` drops an answer nobody receives). So
+        // once it is sent, this future can be dropped (the client left)
+        // while a record that points at the blob is still committed: the
+        // guard must not remove the blob then. It stops removing here,
+        // before the step is sent, with no `await` in between (the step is
+        // sent in the same poll). So a request that leaves while its step
+        // is on its way leaves its blob to the start-up collection
+        // (`collect_garbage`), which removes it only if the index does not
+        // point at it.
+        fresh.committing();
+        let answer = self
+            .committer
+            .commit(move |txn| Ok((f(txn)?, vec![id])))
+            .await;
+        match answer {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(refused)) => {
+                fresh.refused();
+                Err(refused)
+            }
+            Err(e) => {
+                self.remove_unless_live_later(id);
+                Err(commit_failed(e))
+            }
         }
+    }
+
+    /// Removes blob `id`, which a failed commit was to point at, once the
+    /// index writes again, if it does not point at it. A commit that
+    /// failed may be in the index all the same: redb writes the new header
+    /// before the fsync that makes it durable, and a file reopened after
+    /// that fsync failed (`redb_file.rs`) can read the commit back. Once a
+    /// later commit of the commit thread went through, the index is past
+    /// the failed one and says what it holds. Until then, for at most
+    /// `SETTLE_WAIT`, or if the index cannot say, the blob stays, and the
+    /// next start-up's collection takes it.
+    fn remove_unless_live_later(&self, id: u128) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let every = Duration::from_secs(1);
+            for _ in 0..SETTLE_WAIT.as_secs() {
+                if store.committer.commit(|_| Ok(((), vec![]))).await.is_ok() {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if let Ok(false) = store.live(id) {
+                            store.blobs.remove(id);
+                        }
+                    })
+                    .await;
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+}
+
+/// The answer to a transaction that failed: the disk is full, or the index
+/// cannot write now.
+fn commit_failed(e: String) -> S3Error {
+    if e.contains("(os error 28)") {
+        full(&e)
+    } else {
+        unavailable(e)
     }
 }
 

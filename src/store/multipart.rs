@@ -6,7 +6,7 @@
 //! upload, its parts, the destination's conditions and the object it
 //! replaces are all seen and changed at once.
 
-use super::blobs;
+use super::blobs::FreshBlob;
 use super::checksums::{check_object, check_part, composite, full_object, upload_type};
 use super::conditions::WriteConditions;
 use super::copy::{copy_source, source_conditions, source_record};
@@ -181,30 +181,23 @@ impl Store {
         .await
     }
 
-    /// Commits part `n` of an upload, removing `fresh` if it is refused.
+    /// Commits part `n` of an upload, in the blob `fresh` this request
+    /// wrote.
     async fn commit_part(
         &self,
         (bucket, key, id): (String, String, String),
         n: u32,
         part: PartRecord,
+        fresh: FreshBlob,
     ) -> S3Result<()> {
-        let fresh = part.segment.blob;
-        let result = self
-            .commit(move |txn| {
-                let r = put_part(txn, (&bucket, &key, &id), n, &part)?;
-                Ok((r, vec![fresh]))
+        debug_assert_eq!(part.segment.blob, fresh.id());
+        let unused = self
+            .commit_fresh(fresh, move |txn| {
+                put_part(txn, (&bucket, &key, &id), n, &part)
             })
-            .await;
-        match result {
-            Ok(unused) => {
-                self.blobs.remove_later(unused);
-                Ok(())
-            }
-            Err(e) => {
-                self.blobs.remove(fresh);
-                Err(e)
-            }
-        }
+            .await?;
+        self.blobs.remove_later(unused);
+        Ok(())
     }
 
     pub(super) async fn upload_part(
@@ -225,27 +218,25 @@ impl Store {
         algorithms.sort();
         algorithms.dedup();
         let mut hashes = Hashes::new(&algorithms)?;
-        let blob = blobs::new_id();
+        // Removed on any way out but a commit that points at it.
+        let fresh = self.blobs.fresh();
         let size = self
             .blobs
-            .write(blob, body, |p| hashes.update(p))
+            .write(fresh.id(), body, |p| hashes.update(p))
             .await
             .map_err(write_error)?;
         let (md5, sums) = hashes.finish();
         let trailers = trailers.and_then(|t| t.take());
-        if let Err(e) = verify(
+        verify(
             input.content_md5.as_deref(),
             &md5,
             &declared,
             trailers.as_ref(),
             &sums,
-        ) {
-            self.blobs.remove(blob);
-            return Err(e);
-        }
+        )?;
         let part = PartRecord {
             segment: Segment {
-                blob,
+                blob: fresh.id(),
                 offset: 0,
                 len: size,
             },
@@ -254,8 +245,8 @@ impl Store {
             checksums: sums.clone(),
         };
         let etag = part.etag.clone();
-        self.commit_part((input.bucket, input.key, input.upload_id), n, part)
-            .await?;
+        let upload = (input.bucket, input.key, input.upload_id);
+        self.commit_part(upload, n, part, fresh).await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(ETag::Strong(etag)),
             checksum_crc32: sums.crc32,
@@ -300,17 +291,17 @@ impl Store {
             .map(|s| (s.blob, s.offset, s.len))
             .collect();
         let bytes = self.blobs.read(segments, range.start, range.end);
-        let blob = blobs::new_id();
+        let fresh = self.blobs.fresh();
         let size = self
             .blobs
-            .write(blob, bytes, |p| hashes.update(p))
+            .write(fresh.id(), bytes, |p| hashes.update(p))
             .await
             .map_err(write_error)?;
         drop(reading);
         let (md5, sums) = hashes.finish();
         let part = PartRecord {
             segment: Segment {
-                blob,
+                blob: fresh.id(),
                 offset: 0,
                 len: size,
             },
@@ -319,8 +310,8 @@ impl Store {
             checksums: sums,
         };
         let (etag, modified) = (part.etag.clone(), part.last_modified_ms);
-        self.commit_part((input.bucket, input.key, input.upload_id), n, part)
-            .await?;
+        let upload = (input.bucket, input.key, input.upload_id);
+        self.commit_part(upload, n, part, fresh).await?;
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(ETag::Strong(etag)),

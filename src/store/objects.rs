@@ -9,7 +9,7 @@
 //! the record and counts the references of its blobs. `current` and
 //! `object_in` read the record at a key, in a step or in a read.
 
-use super::blobs;
+use super::blobs::FreshBlob;
 use super::conditions::WriteConditions;
 use super::digests::{Hashes, declared_algorithms, verify};
 use super::index::{
@@ -78,28 +78,26 @@ impl Store {
         let algorithms =
             declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
         let mut hashes = Hashes::new(&algorithms)?;
-        let id = blobs::new_id();
+        // Removed on any way out but a commit that points at it.
+        let fresh = self.blobs.fresh();
         let size = self
             .blobs
-            .write(id, body, |p| hashes.update(p))
+            .write(fresh.id(), body, |p| hashes.update(p))
             .await
             .map_err(write_error)?;
         let (md5, mut sums) = hashes.finish();
         let trailers = trailers.and_then(|t| t.take());
-        if let Err(e) = verify(
+        verify(
             input.content_md5.as_deref(),
             &md5,
             &declared,
             trailers.as_ref(),
             &sums,
-        ) {
-            self.blobs.remove(id);
-            return Err(e);
-        }
+        )?;
         sums.kind = Some(ChecksumType::FULL_OBJECT.to_string());
         let record = ObjectRecord {
             segments: vec![Segment {
-                blob: id,
+                blob: fresh.id(),
                 offset: 0,
                 len: size,
             }],
@@ -116,7 +114,7 @@ impl Store {
             if_none_match: input.if_none_match,
         };
         let stored = self
-            .store_record(input.bucket, input.key, record, cond, vec![id])
+            .store_record(input.bucket, input.key, record, cond, fresh)
             .await?;
         let c = &stored.checksums;
         Ok(S3Response::new(PutObjectOutput {
@@ -131,36 +129,24 @@ impl Store {
         }))
     }
 
-    /// Commits `record` at `(bucket, key)` under `cond`. `fresh` are the
-    /// blobs this request wrote: removed if the record is refused.
-    pub(super) async fn store_record(
+    /// Commits `record` at `(bucket, key)` under `cond`; `fresh` is the
+    /// blob this request wrote for it.
+    async fn store_record(
         &self,
         bucket: String,
         key: String,
         record: ObjectRecord,
         cond: WriteConditions,
-        fresh: Vec<u128>,
+        fresh: FreshBlob,
     ) -> S3Result<ObjectRecord> {
         let step_record = record.clone();
-        let new = fresh.clone();
-        let result = self
-            .commit(move |txn| {
-                let r = put_record(txn, &bucket, &key, &step_record, &cond)?;
-                Ok((r, new))
+        let unused = self
+            .commit_fresh(fresh, move |txn| {
+                put_record(txn, &bucket, &key, &step_record, &cond)
             })
-            .await;
-        match result {
-            Ok(unused) => {
-                self.blobs.remove_later(unused);
-                Ok(record)
-            }
-            Err(e) => {
-                for id in fresh {
-                    self.blobs.remove(id);
-                }
-                Err(e)
-            }
-        }
+            .await?;
+        self.blobs.remove_later(unused);
+        Ok(record)
     }
 }
 
