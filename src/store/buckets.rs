@@ -22,7 +22,7 @@ impl Store {
             if t.get(bucket.as_str())?.is_none() {
                 t.insert(bucket.as_str(), now_ms() as u64)?;
             }
-            Ok((Ok(()), vec![]))
+            Ok(Ok(()))
         })
         .await?;
         Ok(S3Response::new(CreateBucketOutput::default()))
@@ -39,13 +39,13 @@ impl Store {
                 let mut t = txn.open_table(BUCKETS)?;
                 if t.get(b)?.is_none() {
                     let e = s3_error!(NoSuchBucket, "the bucket {bucket} does not exist");
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 let objects = txn.open_table(OBJECTS)?;
                 let first = objects.range((b, "")..)?.next().transpose()?;
                 if first.is_some_and(|(k, _)| k.value().0 == b) {
                     let e = s3_error!(BucketNotEmpty, "the bucket {bucket} holds objects");
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 t.remove(b)?;
                 // Uploads still open go with the bucket, as on S3.
@@ -62,7 +62,7 @@ impl Store {
                 for (key, id) in &open {
                     unused.extend(drop_upload(txn, (b, key, id))?);
                 }
-                Ok((Ok(unused), vec![]))
+                Ok(Ok(unused))
             })
             .await?;
         self.blobs.remove_later(unused);

@@ -93,15 +93,12 @@ impl Store {
             .commit(move |txn| {
                 let objects = txn.open_table(OBJECTS)?;
                 let Some(src) = current(&objects, &src_bucket, &src_key)? else {
-                    return Ok((
-                        Err(s3_error!(NoSuchKey, "the copy source does not exist")),
-                        vec![],
-                    ));
+                    return Ok(Err(s3_error!(NoSuchKey, "the copy source does not exist")));
                 };
                 drop(objects);
                 let (a, b, c, d) = src_cond;
                 if let Err(e) = source_conditions(&src, a, b, c, d) {
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 let mut record = src;
                 record.upload_id = None;
@@ -110,7 +107,7 @@ impl Store {
                     record.headers = h;
                 }
                 let r = put_record(txn, &bucket, &key, &record, &cond)?;
-                Ok((r.map(|unused| (record, unused)), vec![]))
+                Ok(r.map(|unused| (record, unused)))
             })
             .await?;
         self.blobs.remove_later(unused);

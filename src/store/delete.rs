@@ -92,9 +92,9 @@ impl Store {
         let unused = self
             .commit(move |txn| {
                 if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
-                Ok((delete_record(txn, &bucket, &key, &cond)?, vec![]))
+                delete_record(txn, &bucket, &key, &cond)
             })
             .await?;
         self.blobs.remove_later(unused);
@@ -115,7 +115,7 @@ impl Store {
         let (results, unused) = self
             .commit(move |txn| {
                 if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 let mut results = Vec::new();
                 let mut unused = Vec::new();
@@ -139,7 +139,7 @@ impl Store {
                         Err(e) => results.push((o, Some(e))),
                     }
                 }
-                Ok((Ok((results, unused)), vec![]))
+                Ok(Ok((results, unused)))
             })
             .await?;
         self.blobs.remove_later(unused);

@@ -169,12 +169,14 @@ impl Store {
     }
 
     /// Applies `f` in the next group commit (see `commit.rs`): its answer
-    /// once durable. `f` returns the answer and the new blobs it points at.
+    /// once durable. A step that points at a new blob goes through
+    /// [`Store::commit_fresh`] instead.
     async fn commit<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&WriteTransaction) -> Applied<(S3Result<T>, Vec<u128>)> + Send + 'static,
+        f: impl FnOnce(&WriteTransaction) -> Applied<S3Result<T>> + Send + 'static,
     ) -> S3Result<T> {
-        self.committer.commit(f).await.map_err(commit_failed)?
+        let step = move |txn: &WriteTransaction| Ok((f(txn)?, vec![]));
+        self.committer.commit(step).await.map_err(commit_failed)?
     }
 
     /// Applies `f`, a step that points at the new blob `fresh` guards, in

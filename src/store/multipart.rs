@@ -147,14 +147,14 @@ impl Store {
         let (bucket, key, upload) = (input.bucket.clone(), input.key.clone(), id.clone());
         self.commit(move |txn| {
             if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
-                return Ok((Err(e), vec![]));
+                return Ok(Err(e));
             }
             let mut t = txn.open_table(UPLOADS)?;
             t.insert(
                 (bucket.as_str(), key.as_str(), upload.as_str()),
                 encode(&record).as_slice(),
             )?;
-            Ok((Ok(()), vec![]))
+            Ok(Ok(()))
         })
         .await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
@@ -393,9 +393,9 @@ impl Store {
                     input.upload_id.as_str(),
                 );
                 if upload_w(txn, upload.0, upload.1, upload.2)?.is_none() {
-                    return Ok((Err(no_such_upload()), vec![]));
+                    return Ok(Err(no_such_upload()));
                 }
-                Ok((Ok(drop_upload(txn, upload)?), vec![]))
+                Ok(Ok(drop_upload(txn, upload)?))
             })
             .await?;
         self.blobs.remove_later(unused);
@@ -435,15 +435,15 @@ fn complete_step(
     listed: &[Listed],
     declared: &Checksums,
     cond: &WriteConditions,
-) -> super::commit::Applied<(S3Result<Completed>, Vec<u128>)> {
+) -> super::commit::Applied<S3Result<Completed>> {
     let (bucket, key, id) = upload;
-    let refused = |e| Ok((Err(e), vec![]));
+    let refused = |e| Ok(Err(e));
     let Some(up) = upload_w(txn, bucket, key, id)? else {
         // A retry of a completion that went through: its answer again,
         // while the object is still the one it made.
         let objects = txn.open_table(OBJECTS)?;
         return match super::objects::current(&objects, bucket, key)? {
-            Some(done) if done.upload_id.as_deref() == Some(id) => Ok((Ok((done, vec![])), vec![])),
+            Some(done) if done.upload_id.as_deref() == Some(id) => Ok(Ok((done, vec![]))),
             _ => refused(no_such_upload()),
         };
     };
@@ -504,7 +504,7 @@ fn complete_step(
         Err(e) => return refused(e),
     };
     unused.extend(drop_upload(txn, upload)?);
-    Ok((Ok((record, unused)), vec![]))
+    Ok(Ok((record, unused)))
 }
 
 /// `bytes=a-b` of a copy source of `size` bytes.
