@@ -72,15 +72,24 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the store in `dir` (made if missing): the index, the commit
-    /// thread, and, in the background, the collection of blob files
-    /// nothing points at. A damaged index stops start-up. `legacy`: a data
-    /// directory of the earlier s3s-fs store, imported first (`import.rs`)
-    /// when it is there.
+    /// Opens the store in `dir` (made if missing): the blob directories,
+    /// the index, the commit thread, and, in the background, the
+    /// collection of blob files nothing points at. A damaged index stops
+    /// start-up. `legacy`: a data directory of the earlier s3s-fs store,
+    /// imported first (`import.rs`) when it is there.
     pub fn open(dir: &Path, legacy: Option<&Path>) -> Result<Store, String> {
-        std::fs::create_dir_all(dir.join("blobs"))
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let cannot = |e: std::io::Error| format!("cannot create {}: {e}", dir.display());
+        let new_dir = !dir.exists();
+        std::fs::create_dir_all(dir).map_err(cannot)?;
+        let blobs = Blobs::open(dir.join("blobs")).map_err(cannot)?;
         let index = DbFile::open(&dir.join("index.redb"), INDEX_CACHE)?;
+        // The entries of `blobs/` and `index.redb` in `dir` (and of `dir` in
+        // its parent, when it was made now) are made durable once, here.
+        blobs::sync_dir(dir).map_err(cannot)?;
+        if new_dir {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            blobs::sync_dir(parent.unwrap_or(Path::new("."))).map_err(cannot)?;
+        }
         let db = index.write()?;
         let made = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
@@ -94,7 +103,6 @@ impl Store {
         })();
         made.map_err(|e| format!("{}: {e}", index.path().display()))?;
         drop(db);
-        let blobs = Blobs::new(dir.join("blobs"));
         if let Some(old) = legacy.filter(|d| d.is_dir()) {
             import::import_s3s_fs(&index, &blobs, old)?;
         }
