@@ -393,3 +393,53 @@ fn check_version(v: Option<&str>) -> S3Result<()> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use futures_util::FutureExt;
+
+    async fn written(store: &Store) -> FreshBlob {
+        let fresh = store.blobs.fresh();
+        let body = futures_util::stream::iter([Ok::<_, String>(Bytes::from_static(b"x"))]);
+        store.blobs.write(fresh.id(), body, |_| {}).await.unwrap();
+        fresh
+    }
+
+    #[tokio::test]
+    async fn a_fresh_blob_stays_once_its_step_is_sent_and_goes_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), None).unwrap();
+
+        // Dropped before any commit: removed.
+        let fresh = written(&store).await;
+        let path = store.blobs.path_of(fresh.id());
+        drop(fresh);
+        assert!(!path.exists());
+
+        // Refused by its step: removed.
+        let fresh = written(&store).await;
+        let path = store.blobs.path_of(fresh.id());
+        let refused = store
+            .commit_fresh(fresh, |_| {
+                Ok::<S3Result<()>, _>(Err(s3_error!(InvalidRequest)))
+            })
+            .await;
+        assert!(refused.is_err() && !path.exists());
+
+        // Its request dropped once the step went to the commit thread (the
+        // first poll sends it): the step is committed all the same, and the
+        // blob it points at stays.
+        let fresh = written(&store).await;
+        let (id, path) = (fresh.id(), store.blobs.path_of(fresh.id()));
+        let points_at = move |txn: &WriteTransaction| Ok(Ok(blob_ref(txn, id)?));
+        let mut request = Box::pin(store.commit_fresh(fresh, points_at));
+        let _ = (&mut request).now_or_never();
+        drop(request);
+        // A later step is applied after it: its transaction is done.
+        store.commit(|_| Ok(Ok(()))).await.unwrap();
+        assert!(store.live(id).unwrap(), "the step was committed");
+        assert!(path.exists(), "and its blob is there");
+    }
+}
