@@ -6,14 +6,17 @@
 //! makes a directory. A write streams its body into a new file, hashing
 //! it as it goes, and makes the file durable (fsync) before the index may
 //! point at it; the file's entry in its directory is made durable by the
-//! commit (`commit.rs`), before the index commit. A blob is never changed
-//! once written. A replaced or
-//! deleted object's blobs are removed after the commit that let go of
-//! them, once no read uses them and a few seconds have passed (a read
-//! registers the blobs it will read right after it read the index), so a
-//! read that began before the commit sees its bytes to the end. Files the
-//! index does not know (a crash between the file and the commit, a
-//! removal that did not happen) are collected at start-up.
+//! commit (`commit.rs`), before the index commit. Until a commit points at
+//! it, a new blob is held by a guard ([`FreshBlob`]) that removes it if the
+//! write goes no further.
+//!
+//! A blob is never changed once written. A replaced or deleted object's
+//! blobs are removed after the commit that let go of them, once no read
+//! uses them and a few seconds have passed (a read registers the blobs it
+//! will read right after it read the index), so a read that began before
+//! the commit sees its bytes to the end. Files the index does not know (a
+//! crash between the file and the commit, a removal that did not happen)
+//! are collected at start-up.
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
