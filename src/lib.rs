@@ -98,8 +98,10 @@
 //!   (`blobs.rs`), the group commit where every change and its conditions
 //!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
 //!   `objects.rs`, `read.rs`, `delete.rs`, `copy.rs`, `multipart.rs`,
-//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `checksums.rs` is a
-//!   multipart object's checksums; `import.rs` brings in an s3s-fs data
+//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `digests.rs` is a
+//!   body's MD5 and checksums, checked against what its request declared;
+//!   `conditions.rs` a write's `If-None-Match` / `If-Match`; `checksums.rs`
+//!   a multipart object's checksums; `import.rs` brings in an s3s-fs data
 //!   directory.
 //! - [`redb_file`] (a leaf): a redb file reopened by itself after a disk
 //!   error, for the store's index and the fence store.

@@ -6,9 +6,9 @@
 //! than accept a grant they would not keep. fencegate's own credentials
 //! decide who may read and write.
 
-use super::index::OBJECTS;
+use super::index::{BUCKETS, OBJECTS};
 use super::listing::owner;
-use super::{Store, bucket_must_exist, internal};
+use super::{Store, bucket_exists, internal};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
@@ -61,7 +61,8 @@ impl Store {
     /// The object exists (or `NoSuchKey`).
     async fn object_exists(&self, bucket: String, key: String) -> S3Result<()> {
         self.read(move |txn| {
-            bucket_must_exist(txn, &bucket)?;
+            let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+            bucket_exists(&buckets, &bucket).map_err(internal)??;
             let t = txn.open_table(OBJECTS).map_err(internal)?;
             match t.get((bucket.as_str(), key.as_str())).map_err(internal)? {
                 Some(_) => Ok(()),
@@ -111,8 +112,7 @@ impl Store {
         req: S3Request<GetBucketAclInput>,
     ) -> S3Result<S3Response<GetBucketAclOutput>> {
         let bucket = req.input.bucket;
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(GetBucketAclOutput {
             owner: Some(owner()),
             grants: Some(owner_full_control()),
@@ -139,8 +139,7 @@ impl Store {
             return Err(not_kept());
         }
         let bucket = i.bucket;
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(PutBucketAclOutput::default()))
     }
 }

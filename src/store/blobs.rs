@@ -1,16 +1,22 @@
 //! Blob files: the bytes of objects and parts, one file each, named by a
 //! random 128-bit id that is never reused (`blobs/<first 2 hex>/<32 hex>`).
 //!
-//! A write streams its body into a new file, hashing it as it goes, and
-//! makes the file durable (fsync) before the index may point at it; the
-//! directory entry is made durable by the commit (`commit.rs`), before the
-//! index commit. A blob is never changed once written. A replaced or
-//! deleted object's blobs are removed after the commit that let go of
-//! them, once no read uses them and a few seconds have passed (a read
-//! registers the blobs it will read right after it read the index), so a
-//! read that began before the commit sees its bytes to the end. Files the
-//! index does not know (a crash between the file and the commit, a
-//! removal that did not happen) are collected at start-up.
+//! The 256 `<xx>` directories are made when the store opens, and their
+//! entries made durable then (an fsync of `blobs/`), so a write never
+//! makes a directory. A write streams its body into a new file, hashing
+//! it as it goes, and makes the file durable (fsync) before the index may
+//! point at it; the file's entry in its directory is made durable by the
+//! commit (`commit.rs`), before the index commit. Until a commit points at
+//! it, a new blob is held by a guard ([`FreshBlob`]) that removes it if the
+//! write goes no further.
+//!
+//! A blob is never changed once written. A replaced or deleted object's
+//! blobs are removed after the commit that let go of them, once no read
+//! uses them and a few seconds have passed (a read registers the blobs it
+//! will read right after it read the index), so a read that began before
+//! the commit sees its bytes to the end. Files the index does not know (a
+//! crash between the file and the commit, a removal that did not happen)
+//! are collected at start-up.
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -79,11 +85,70 @@ pub fn new_id() -> u128 {
     rand::random::<u128>().max(1)
 }
 
+/// A blob a request writes, that no committed record points at yet. The
+/// guard removes the file when it is dropped, so that no way out of a
+/// write leaves it behind: an error, a body that does not match its
+/// digests, a refused commit, or the request's future dropped on the way
+/// (a client that left). Once a step that points at the blob has gone to
+/// the commit thread, the guard must leave the file be: see
+/// `Store::commit_fresh`. (A file that a dropped write makes after its
+/// guard is gone, as tokio finishes a file operation on a blocking thread
+/// of its own, is left to the start-up collection.)
+#[must_use = "dropping the guard removes the blob"]
+pub struct FreshBlob {
+    blobs: Blobs,
+    id: u128,
+    /// Whether dropping the guard removes the file.
+    remove: bool,
+}
+
+impl FreshBlob {
+    pub fn id(&self) -> u128 {
+        self.id
+    }
+
+    /// A step that points at the blob goes to the commit thread: from now
+    /// on, dropping the guard leaves the file.
+    pub fn committing(&mut self) {
+        self.remove = false;
+    }
+
+    /// The commit refused the step: nothing points at the blob, and the
+    /// guard removes it now.
+    pub fn refused(mut self) {
+        self.remove = true;
+    }
+}
+
+impl Drop for FreshBlob {
+    fn drop(&mut self) {
+        if self.remove {
+            self.blobs.remove(self.id);
+        }
+    }
+}
+
 impl Blobs {
-    pub fn new(root: PathBuf) -> Blobs {
-        Blobs {
+    /// The blob directory `root`, with its 256 `<xx>` directories made (if
+    /// they are not there yet) and `root` fsynced, so that their entries
+    /// are durable before any blob goes in them.
+    pub fn open(root: PathBuf) -> std::io::Result<Blobs> {
+        for first in 0..=u8::MAX {
+            std::fs::create_dir_all(root.join(format!("{first:02x}")))?;
+        }
+        sync_dir(&root)?;
+        Ok(Blobs {
             root,
             readers: Default::default(),
+        })
+    }
+
+    /// A new blob, under a guard that removes its file (see [`FreshBlob`]).
+    pub fn fresh(&self) -> FreshBlob {
+        FreshBlob {
+            blobs: self.clone(),
+            id: new_id(),
+            remove: true,
         }
     }
 
@@ -120,7 +185,7 @@ impl Blobs {
         });
     }
 
-    pub fn dir_of(&self, id: u128) -> PathBuf {
+    fn dir_of(&self, id: u128) -> PathBuf {
         self.root.join(format!("{:02x}", (id >> 120) as u8))
     }
 
@@ -142,7 +207,6 @@ impl Blobs {
     {
         let path = self.path_of(id);
         let result = async {
-            tokio::fs::create_dir_all(self.dir_of(id)).await?;
             let mut file = tokio::fs::File::create(&path).await?;
             let mut buf = BytesMut::with_capacity(WRITE_BUFFER);
             let mut len = 0u64;
@@ -173,7 +237,7 @@ impl Blobs {
         dirs.sort();
         dirs.dedup();
         for d in dirs {
-            std::fs::File::open(&d)?.sync_all()?;
+            sync_dir(&d)?;
         }
         Ok(())
     }
@@ -272,6 +336,11 @@ impl Blobs {
     }
 }
 
+/// Makes the entries of directory `dir` durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
 /// `len` bytes of `path` from `from`, in pieces.
 fn read_file(path: PathBuf, from: u64, len: u64) -> impl Stream<Item = std::io::Result<Bytes>> {
     futures_util::stream::try_unfold(
@@ -310,7 +379,7 @@ mod tests {
     #[tokio::test]
     async fn written_blobs_read_back_by_any_range_across_segments() {
         let dir = tempfile::tempdir().unwrap();
-        let blobs = Blobs::new(dir.path().to_path_buf());
+        let blobs = Blobs::open(dir.path().to_path_buf()).unwrap();
         let (a, b) = (new_id(), new_id());
         let pieces = |s: &'static [u8]| {
             futures_util::stream::iter(s.chunks(3).map(|c| Ok::<_, String>(Bytes::from_static(c))))

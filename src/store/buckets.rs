@@ -4,7 +4,7 @@
 
 use super::index::{BUCKETS, OBJECTS, UPLOADS};
 use super::multipart::drop_upload;
-use super::{Store, bucket_must_exist, internal, now_ms, timestamp};
+use super::{Store, internal, now_ms, timestamp};
 use redb::{ReadableTable, ReadableTableMetadata};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
@@ -22,7 +22,7 @@ impl Store {
             if t.get(bucket.as_str())?.is_none() {
                 t.insert(bucket.as_str(), now_ms() as u64)?;
             }
-            Ok((Ok(()), vec![]))
+            Ok(Ok(()))
         })
         .await?;
         Ok(S3Response::new(CreateBucketOutput::default()))
@@ -39,13 +39,13 @@ impl Store {
                 let mut t = txn.open_table(BUCKETS)?;
                 if t.get(b)?.is_none() {
                     let e = s3_error!(NoSuchBucket, "the bucket {bucket} does not exist");
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 let objects = txn.open_table(OBJECTS)?;
                 let first = objects.range((b, "")..)?.next().transpose()?;
                 if first.is_some_and(|(k, _)| k.value().0 == b) {
                     let e = s3_error!(BucketNotEmpty, "the bucket {bucket} holds objects");
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 t.remove(b)?;
                 // Uploads still open go with the bucket, as on S3.
@@ -62,7 +62,7 @@ impl Store {
                 for (key, id) in &open {
                     unused.extend(drop_upload(txn, (b, key, id))?);
                 }
-                Ok((Ok(unused), vec![]))
+                Ok(Ok(unused))
             })
             .await?;
         self.blobs.remove_later(unused);
@@ -74,8 +74,7 @@ impl Store {
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
         let bucket = req.input.bucket;
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
@@ -84,8 +83,7 @@ impl Store {
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
         let bucket = req.input.bucket;
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 

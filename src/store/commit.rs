@@ -84,7 +84,12 @@ impl Committer {
 
     /// Applies `f` in the next transaction and returns its answer once the
     /// transaction is durable. `f` returns its answer and the new blobs it
-    /// points at. `Err`: the transaction failed (nothing of `f` is there).
+    /// points at. `Err`: the transaction failed, and nothing of `f` is
+    /// visible (though a commit whose last fsync failed may be read back
+    /// when the index file is opened again: `Store::remove_unless_live_later`).
+    /// The step is sent when this future is first polled, and from then on
+    /// it is applied and committed even if the future is dropped; only its
+    /// answer is lost.
     pub async fn commit<T, F>(&self, f: F) -> Result<T, String>
     where
         F: FnOnce(&WriteTransaction) -> Applied<(T, Vec<u128>)> + Send + 'static,

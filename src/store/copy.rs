@@ -4,10 +4,11 @@
 //! writes the destination, so that neither can change in between. No bytes
 //! are copied; the blobs count their references.
 
-use super::index::{OBJECTS, ObjectRecord};
-use super::objects::{WriteConditions, check_version, current, headers_of, put_record};
+use super::conditions::{WriteConditions, precondition_failed};
+use super::index::{OBJECTS, ObjectRecord, headers_in};
+use super::objects::{current, put_record};
 use super::read::ReadConditions;
-use super::{Store, check_key, internal, now_ms, timestamp};
+use super::{Store, check_key, check_version, internal, now_ms, timestamp};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
@@ -44,7 +45,7 @@ pub(super) fn source_conditions(
     let modified = timestamp(record.last_modified_ms);
     c.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))
         .map_err(|e| match e.code() {
-            s3s::S3ErrorCode::NotModified => super::objects::precondition_failed(),
+            s3s::S3ErrorCode::NotModified => precondition_failed(),
             _ => e,
         })
 }
@@ -67,25 +68,14 @@ impl Store {
             if_match: header(http::header::IF_MATCH)?,
             if_none_match: header(http::header::IF_NONE_MATCH)?,
         };
-        let input = req.input;
+        let mut input = req.input;
         check_key(&input.key)?;
         let (src_bucket, src_key) = copy_source(&input.copy_source)?;
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        let new_headers = replace.then(|| {
-            headers_of(
-                input.content_type.clone(),
-                input.content_encoding.clone(),
-                input.content_disposition.clone(),
-                input.content_language.clone(),
-                input.cache_control.clone(),
-                input.expires.clone(),
-                input.website_redirect_location.clone(),
-                input.metadata.clone(),
-            )
-        });
+        let new_headers = replace.then(|| headers_in!(input));
         if !replace && src_bucket == input.bucket && src_key == input.key {
             return Err(s3_error!(
                 InvalidRequest,
@@ -103,15 +93,12 @@ impl Store {
             .commit(move |txn| {
                 let objects = txn.open_table(OBJECTS)?;
                 let Some(src) = current(&objects, &src_bucket, &src_key)? else {
-                    return Ok((
-                        Err(s3_error!(NoSuchKey, "the copy source does not exist")),
-                        vec![],
-                    ));
+                    return Ok(Err(s3_error!(NoSuchKey, "the copy source does not exist")));
                 };
                 drop(objects);
                 let (a, b, c, d) = src_cond;
                 if let Err(e) = source_conditions(&src, a, b, c, d) {
-                    return Ok((Err(e), vec![]));
+                    return Ok(Err(e));
                 }
                 let mut record = src;
                 record.upload_id = None;
@@ -120,7 +107,7 @@ impl Store {
                     record.headers = h;
                 }
                 let r = put_record(txn, &bucket, &key, &record, &cond)?;
-                Ok((r.map(|unused| (record, unused)), vec![]))
+                Ok(r.map(|unused| (record, unused)))
             })
             .await?;
         self.blobs.remove_later(unused);

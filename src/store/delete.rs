@@ -3,9 +3,10 @@
 //! that deletes, so they hold atomically. A key that does not exist is
 //! deleted already (204), unless an `If-Match` asked for it (404).
 
-use super::index::{OBJECTS, ObjectRecord};
-use super::objects::{bucket_exists_w, check_version, current, precondition_failed};
-use super::{Store, blob_unref, check_key};
+use super::conditions::precondition_failed;
+use super::index::{BUCKETS, OBJECTS, ObjectRecord};
+use super::objects::current;
+use super::{Store, blob_unref, bucket_exists, check_key, check_version};
 use redb::WriteTransaction;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
@@ -90,10 +91,10 @@ impl Store {
         let (bucket, key) = (input.bucket, input.key);
         let unused = self
             .commit(move |txn| {
-                if let Err(e) = bucket_exists_w(txn, &bucket)? {
-                    return Ok((Err(e), vec![]));
+                if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
+                    return Ok(Err(e));
                 }
-                Ok((delete_record(txn, &bucket, &key, &cond)?, vec![]))
+                delete_record(txn, &bucket, &key, &cond)
             })
             .await?;
         self.blobs.remove_later(unused);
@@ -113,8 +114,8 @@ impl Store {
         let bucket = input.bucket;
         let (results, unused) = self
             .commit(move |txn| {
-                if let Err(e) = bucket_exists_w(txn, &bucket)? {
-                    return Ok((Err(e), vec![]));
+                if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
+                    return Ok(Err(e));
                 }
                 let mut results = Vec::new();
                 let mut unused = Vec::new();
@@ -138,7 +139,7 @@ impl Store {
                         Err(e) => results.push((o, Some(e))),
                     }
                 }
-                Ok((Ok((results, unused)), vec![]))
+                Ok(Ok((results, unused)))
             })
             .await?;
         self.blobs.remove_later(unused);

@@ -174,7 +174,6 @@ fn import_batch(
             }
             let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
             let id = new_id();
-            std::fs::create_dir_all(blobs.dir_of(id)).map_err(|e| e.to_string())?;
             if std::fs::hard_link(path, blobs.path_of(id)).is_err() {
                 std::fs::copy(path, blobs.path_of(id)).map_err(|e| e.to_string())?;
                 std::fs::File::open(blobs.path_of(id))

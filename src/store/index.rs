@@ -145,6 +145,34 @@ macro_rules! checksums_in {
 }
 pub(super) use checksums_in;
 
+/// The headers a write stores with the object, taken out of the s3s input
+/// that carries them (PutObject, CopyObject under `REPLACE`,
+/// CreateMultipartUpload: every one names them alike), as `checksums_in!`
+/// takes the checksums.
+macro_rules! headers_in {
+    ($x:expr) => {
+        $crate::store::index::Headers {
+            content_type: $x.content_type.take(),
+            content_encoding: $x.content_encoding.take(),
+            content_disposition: $x.content_disposition.take(),
+            content_language: $x.content_language.take(),
+            cache_control: $x.cache_control.take(),
+            expires: $x.expires.take().and_then($crate::store::index::http_date),
+            website_redirect_location: $x.website_redirect_location.take(),
+            metadata: $x.metadata.take().unwrap_or_default().into_iter().collect(),
+        }
+    };
+}
+pub(super) use headers_in;
+
+/// A time as an HTTP date, the form `Expires` is stored in.
+pub fn http_date(t: s3s::dto::Timestamp) -> Option<String> {
+    let mut buf = Vec::new();
+    t.format(s3s::dto::TimestampFormat::HttpDate, &mut buf)
+        .ok()?;
+    String::from_utf8(buf).ok()
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

@@ -5,8 +5,10 @@
 //! page and skips a rolled-up common prefix with one seek, so its memory
 //! and time do not grow with the bucket.
 
-use super::index::{OBJECTS, ObjectRecord, PARTS, PartRecord, UPLOADS, UploadRecord, decode};
-use super::{Store, bucket_must_exist, internal, timestamp};
+use super::index::{
+    BUCKETS, OBJECTS, ObjectRecord, PARTS, PartRecord, UPLOADS, UploadRecord, decode,
+};
+use super::{Store, bucket_exists, internal, timestamp};
 use redb::{ReadTransaction, ReadableTable};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
@@ -229,7 +231,8 @@ impl Store {
         max: usize,
     ) -> S3Result<Page<ObjectRecord>> {
         self.read(move |txn: &ReadTransaction| {
-            bucket_must_exist(txn, &bucket)?;
+            let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+            bucket_exists(&buckets, &bucket).map_err(internal)??;
             let t = txn.open_table(OBJECTS).map_err(internal)?;
             list_keys(
                 &t,
@@ -401,7 +404,8 @@ impl Store {
         let after_id = i.upload_id_marker.clone();
         let (uploads, prefixes, truncated) = self
             .read(move |txn| {
-                bucket_must_exist(txn, &bucket)?;
+                let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+                bucket_exists(&buckets, &bucket).map_err(internal)??;
                 let t = txn.open_table(UPLOADS).map_err(internal)?;
                 list_uploads(
                     &t,

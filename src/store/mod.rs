@@ -18,19 +18,26 @@
 //!   on; once there is room, writes go through again without a restart
 //!   (`redb_file.rs`).
 //!
-//! The S3 operations: `buckets.rs`, `acl.rs` (one owner, private), `objects.rs` (PUT, GET, HEAD),
+//! The S3 operations: `buckets.rs`, `acl.rs` (one owner, private),
+//! `objects.rs` (PutObject, and the object record every write puts),
+//! `read.rs` (GetObject, HeadObject, their ranges and conditions),
 //! `delete.rs` (DeleteObject, DeleteObjects), `copy.rs` (CopyObject),
-//! `multipart.rs` (with `checksums.rs`, a multipart object's checksums), `listing.rs` (every listing), `read.rs` (a read's
-//! conditions), `s3.rs` (the trait, one line per operation). `import.rs`
-//! brings in a data directory the earlier s3s-fs store wrote.
+//! `multipart.rs` (with `checksums.rs`, a multipart object's checksums),
+//! `listing.rs` (every listing), `s3.rs` (the trait, one line per
+//! operation). What the writes share: `digests.rs` (a body's MD5 and
+//! checksums, checked against what its request declared) and
+//! `conditions.rs` (`If-None-Match`, `If-Match`). `import.rs` brings in a
+//! data directory the earlier s3s-fs store wrote.
 
 mod acl;
 mod blobs;
 mod buckets;
 mod checksums;
 mod commit;
+mod conditions;
 mod copy;
 mod delete;
+mod digests;
 mod import;
 mod index;
 mod listing;
@@ -40,7 +47,7 @@ mod read;
 mod s3;
 
 use crate::redb_file::DbFile;
-use blobs::Blobs;
+use blobs::{Blobs, FreshBlob, WriteError};
 use commit::{Applied, Committer};
 use index::{BLOBS, BUCKETS, OBJECTS, PARTS, UPLOADS};
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
@@ -52,6 +59,10 @@ use std::time::{Duration, SystemTime};
 /// redb's page cache for the index.
 const INDEX_CACHE: usize = 64 << 20;
 
+/// How long the blob of a failed commit waits for the index to write
+/// again, to be removed if the index does not point at it.
+const SETTLE_WAIT: Duration = Duration::from_secs(600);
+
 /// The embedded store on one directory: `index.redb` and `blobs/`.
 #[derive(Clone)]
 pub struct Store {
@@ -61,15 +72,24 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the store in `dir` (made if missing): the index, the commit
-    /// thread, and, in the background, the collection of blob files
-    /// nothing points at. A damaged index stops start-up. `legacy`: a data
-    /// directory of the earlier s3s-fs store, imported first (`import.rs`)
-    /// when it is there.
+    /// Opens the store in `dir` (made if missing): the blob directories,
+    /// the index, the commit thread, and, in the background, the
+    /// collection of blob files nothing points at. A damaged index stops
+    /// start-up. `legacy`: a data directory of the earlier s3s-fs store,
+    /// imported first (`import.rs`) when it is there.
     pub fn open(dir: &Path, legacy: Option<&Path>) -> Result<Store, String> {
-        std::fs::create_dir_all(dir.join("blobs"))
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let cannot = |e: std::io::Error| format!("cannot create {}: {e}", dir.display());
+        let new_dir = !dir.exists();
+        std::fs::create_dir_all(dir).map_err(cannot)?;
+        let blobs = Blobs::open(dir.join("blobs")).map_err(cannot)?;
         let index = DbFile::open(&dir.join("index.redb"), INDEX_CACHE)?;
+        // The entries of `blobs/` and `index.redb` in `dir` (and of `dir` in
+        // its parent, when it was made now) are made durable once, here.
+        blobs::sync_dir(dir).map_err(cannot)?;
+        if new_dir {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            blobs::sync_dir(parent.unwrap_or(Path::new("."))).map_err(cannot)?;
+        }
         let db = index.write()?;
         let made = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
@@ -83,7 +103,6 @@ impl Store {
         })();
         made.map_err(|e| format!("{}: {e}", index.path().display()))?;
         drop(db);
-        let blobs = Blobs::new(dir.join("blobs"));
         if let Some(old) = legacy.filter(|d| d.is_dir()) {
             import::import_s3s_fs(&index, &blobs, old)?;
         }
@@ -113,13 +132,7 @@ impl Store {
     fn collect_garbage_later(&self, before: SystemTime) {
         let store = self.clone();
         std::thread::spawn(move || {
-            let live = |id: u128| -> Result<bool, String> {
-                let db = store.index.read()?;
-                let txn = db.begin_read().map_err(|e| e.to_string())?;
-                let t = txn.open_table(BLOBS).map_err(|e| e.to_string())?;
-                Ok(t.get(id).map_err(|e| e.to_string())?.is_some())
-            };
-            match store.blobs.collect_garbage(before, live) {
+            match store.blobs.collect_garbage(before, |id| store.live(id)) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(
                     removed = n,
@@ -128,6 +141,14 @@ impl Store {
                 Err(e) => tracing::warn!("embedded store: collecting unused blob files: {e}"),
             }
         });
+    }
+
+    /// Whether the index points at blob `id`.
+    fn live(&self, id: u128) -> Result<bool, String> {
+        let db = self.index.read()?;
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        let t = txn.open_table(BLOBS).map_err(|e| e.to_string())?;
+        Ok(t.get(id).map_err(|e| e.to_string())?.is_some())
     }
 
     /// Runs `f` on a read transaction, off the async threads.
@@ -145,17 +166,112 @@ impl Store {
         .map_err(internal)?
     }
 
+    /// Refuses a request on a bucket that does not exist (a write checks
+    /// again in the step that commits it).
+    async fn bucket_must_exist(&self, bucket: String) -> S3Result<()> {
+        self.read(move |txn| {
+            let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+            bucket_exists(&buckets, &bucket).map_err(internal)?
+        })
+        .await
+    }
+
     /// Applies `f` in the next group commit (see `commit.rs`): its answer
-    /// once durable. `f` returns the answer and the new blobs it points at.
+    /// once durable. A step that points at a new blob goes through
+    /// [`Store::commit_fresh`] instead.
     async fn commit<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&WriteTransaction) -> Applied<(S3Result<T>, Vec<u128>)> + Send + 'static,
+        f: impl FnOnce(&WriteTransaction) -> Applied<S3Result<T>> + Send + 'static,
     ) -> S3Result<T> {
-        match self.committer.commit(f).await {
-            Ok(answer) => answer,
-            Err(e) if e.contains("(os error 28)") => Err(full(&e)),
-            Err(e) => Err(unavailable(e)),
+        let step = move |txn: &WriteTransaction| Ok((f(txn)?, vec![]));
+        self.committer.commit(step).await.map_err(commit_failed)?
+    }
+
+    /// Applies `f`, a step that points at the new blob `fresh` guards, in
+    /// the next group commit, as [`Store::commit`] does, and settles the
+    /// blob. `f` answers `Ok` only if what it commits points at the blob;
+    /// a refusal (`Err`) must leave nothing that does.
+    ///
+    /// - Committed: a record points at the blob, which stays.
+    /// - Refused: nothing points at it; the guard removes it.
+    /// - The transaction failed: it may be in the index all the same (see
+    ///   `remove_unless_live_later`), so the blob is removed only once the
+    ///   index says that nothing points at it.
+    /// - This future dropped while it waits (the client left): the blob is
+    ///   left be, as reasoned below.
+    async fn commit_fresh<T: Send + 'static>(
+        &self,
+        mut fresh: FreshBlob,
+        f: impl FnOnce(&WriteTransaction) -> Applied<S3Result<T>> + Send + 'static,
+    ) -> S3Result<T> {
+        let id = fresh.id();
+        // The step goes to the commit thread when the future below is first
+        // polled, and from then on the thread applies and commits it
+        // whether or not anyone still waits for its answer (`commit.rs`:
+        // `Committer::commit` sends the step, `run` applies every step it
+        // receives, and `Typed::done` drops an answer nobody receives). So
+        // once it is sent, this future can be dropped (the client left)
+        // while a record that points at the blob is still committed: the
+        // guard must not remove the blob then. It stops removing here,
+        // before the step is sent, with no `await` in between (the step is
+        // sent in the same poll). So a request that leaves while its step
+        // is on its way leaves its blob to the start-up collection
+        // (`collect_garbage`), which removes it only if the index does not
+        // point at it.
+        fresh.committing();
+        let answer = self
+            .committer
+            .commit(move |txn| Ok((f(txn)?, vec![id])))
+            .await;
+        match answer {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(refused)) => {
+                fresh.refused();
+                Err(refused)
+            }
+            Err(e) => {
+                self.remove_unless_live_later(id);
+                Err(commit_failed(e))
+            }
         }
+    }
+
+    /// Removes blob `id`, which a failed commit was to point at, once the
+    /// index writes again, if it does not point at it. A commit that
+    /// failed may be in the index all the same: redb writes the new header
+    /// before the fsync that makes it durable, and a file reopened after
+    /// that fsync failed (`redb_file.rs`) can read the commit back. Once a
+    /// later commit of the commit thread went through, the index is past
+    /// the failed one and says what it holds. Until then, for at most
+    /// `SETTLE_WAIT`, or if the index cannot say, the blob stays, and the
+    /// next start-up's collection takes it.
+    fn remove_unless_live_later(&self, id: u128) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let every = Duration::from_secs(1);
+            for _ in 0..SETTLE_WAIT.as_secs() {
+                if store.committer.commit(|_| Ok(((), vec![]))).await.is_ok() {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if let Ok(false) = store.live(id) {
+                            store.blobs.remove(id);
+                        }
+                    })
+                    .await;
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+}
+
+/// The answer to a transaction that failed: the disk is full, or the index
+/// cannot write now.
+fn commit_failed(e: String) -> S3Error {
+    if e.contains("(os error 28)") {
+        full(&e)
+    } else {
+        unavailable(e)
     }
 }
 
@@ -198,16 +314,29 @@ fn full(e: impl std::fmt::Display) -> S3Error {
     err
 }
 
-/// Refuses a request on a bucket that does not exist.
-fn bucket_must_exist(txn: &ReadTransaction, bucket: &str) -> S3Result<()> {
-    let t = txn.open_table(BUCKETS).map_err(internal)?;
-    match t.get(bucket).map_err(internal)? {
+/// A body write's error as S3 answers it.
+fn write_error(e: WriteError) -> S3Error {
+    match e {
+        WriteError::Body(e) => s3_error!(IncompleteBody, "the request body broke off: {e}"),
+        WriteError::Full(e) => full(e),
+        WriteError::Io(e) => internal(e),
+    }
+}
+
+/// `NoSuchBucket` unless `bucket` is in `buckets`, the table as a read or
+/// a write transaction sees it. The outer error is the index's own: a step
+/// fails its transaction with it, a read answers it `500`.
+fn bucket_exists(
+    buckets: &impl ReadableTable<&'static str, u64>,
+    bucket: &str,
+) -> Result<S3Result<()>, redb::StorageError> {
+    Ok(match buckets.get(bucket)? {
         Some(_) => Ok(()),
         None => Err(s3_error!(
             NoSuchBucket,
             "the bucket {bucket} does not exist"
         )),
-    }
+    })
 }
 
 /// A blob's references go up by one (a new record points at it).
@@ -252,4 +381,65 @@ fn check_key(key: &str) -> S3Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Only the one version an unversioned bucket has: `null`.
+fn check_version(v: Option<&str>) -> S3Result<()> {
+    match v {
+        None | Some("null") => Ok(()),
+        Some(_) => Err(s3_error!(
+            NoSuchVersion,
+            "this store keeps one version per key, `null`"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use futures_util::FutureExt;
+
+    async fn written(store: &Store) -> FreshBlob {
+        let fresh = store.blobs.fresh();
+        let body = futures_util::stream::iter([Ok::<_, String>(Bytes::from_static(b"x"))]);
+        store.blobs.write(fresh.id(), body, |_| {}).await.unwrap();
+        fresh
+    }
+
+    #[tokio::test]
+    async fn a_fresh_blob_stays_once_its_step_is_sent_and_goes_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), None).unwrap();
+
+        // Dropped before any commit: removed.
+        let fresh = written(&store).await;
+        let path = store.blobs.path_of(fresh.id());
+        drop(fresh);
+        assert!(!path.exists());
+
+        // Refused by its step: removed.
+        let fresh = written(&store).await;
+        let path = store.blobs.path_of(fresh.id());
+        let refused = store
+            .commit_fresh(fresh, |_| {
+                Ok::<S3Result<()>, _>(Err(s3_error!(InvalidRequest)))
+            })
+            .await;
+        assert!(refused.is_err() && !path.exists());
+
+        // Its request dropped once the step went to the commit thread (the
+        // first poll sends it): the step is committed all the same, and the
+        // blob it points at stays.
+        let fresh = written(&store).await;
+        let (id, path) = (fresh.id(), store.blobs.path_of(fresh.id()));
+        let points_at = move |txn: &WriteTransaction| Ok(Ok(blob_ref(txn, id)?));
+        let mut request = Box::pin(store.commit_fresh(fresh, points_at));
+        let _ = (&mut request).now_or_never();
+        drop(request);
+        // A later step is applied after it: its transaction is done.
+        store.commit(|_| Ok(Ok(()))).await.unwrap();
+        assert!(store.live(id).unwrap(), "the step was committed");
+        assert!(path.exists(), "and its blob is there");
+    }
 }

@@ -6,18 +6,19 @@
 //! upload, its parts, the destination's conditions and the object it
 //! replaces are all seen and changed at once.
 
-use super::blobs;
+use super::blobs::FreshBlob;
 use super::checksums::{check_object, check_part, composite, full_object, upload_type};
+use super::conditions::WriteConditions;
 use super::copy::{copy_source, source_conditions, source_record};
+use super::digests::{Hashes, declared_algorithms, verify};
 use super::index::{
-    Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
-    checksums_in, decode, encode,
+    BUCKETS, Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
+    checksums_in, decode, encode, headers_in,
 };
-use super::objects::{
-    Hashes, WriteConditions, bucket_exists_w, declared_algorithms, headers_of, put_record, verify,
-    write_error,
+use super::objects::put_record;
+use super::{
+    Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp, write_error,
 };
-use super::{Store, blob_ref, blob_unref, check_key, internal, now_ms, timestamp};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;
@@ -128,7 +129,7 @@ impl Store {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        let input = req.input;
+        let mut input = req.input;
         check_key(&input.key)?;
         let id = format!("{:032x}", rand::random::<u128>());
         let algorithm = input.checksum_algorithm.as_ref().map(|a| a.as_str());
@@ -136,16 +137,7 @@ impl Store {
         let checksum_type = upload_type(algorithm, asked)?;
         let record = UploadRecord {
             initiated_ms: now_ms(),
-            headers: headers_of(
-                input.content_type,
-                input.content_encoding,
-                input.content_disposition,
-                input.content_language,
-                input.cache_control,
-                input.expires,
-                input.website_redirect_location,
-                input.metadata,
-            ),
+            headers: headers_in!(input),
             checksum_algorithm: input
                 .checksum_algorithm
                 .as_ref()
@@ -154,15 +146,15 @@ impl Store {
         };
         let (bucket, key, upload) = (input.bucket.clone(), input.key.clone(), id.clone());
         self.commit(move |txn| {
-            if let Err(e) = bucket_exists_w(txn, &bucket)? {
-                return Ok((Err(e), vec![]));
+            if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, &bucket)? {
+                return Ok(Err(e));
             }
             let mut t = txn.open_table(UPLOADS)?;
             t.insert(
                 (bucket.as_str(), key.as_str(), upload.as_str()),
                 encode(&record).as_slice(),
             )?;
-            Ok((Ok(()), vec![]))
+            Ok(Ok(()))
         })
         .await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
@@ -189,30 +181,23 @@ impl Store {
         .await
     }
 
-    /// Commits part `n` of an upload, removing `fresh` if it is refused.
+    /// Commits part `n` of an upload, in the blob `fresh` this request
+    /// wrote.
     async fn commit_part(
         &self,
         (bucket, key, id): (String, String, String),
         n: u32,
         part: PartRecord,
+        fresh: FreshBlob,
     ) -> S3Result<()> {
-        let fresh = part.segment.blob;
-        let result = self
-            .commit(move |txn| {
-                let r = put_part(txn, (&bucket, &key, &id), n, &part)?;
-                Ok((r, vec![fresh]))
+        debug_assert_eq!(part.segment.blob, fresh.id());
+        let unused = self
+            .commit_fresh(fresh, move |txn| {
+                put_part(txn, (&bucket, &key, &id), n, &part)
             })
-            .await;
-        match result {
-            Ok(unused) => {
-                self.blobs.remove_later(unused);
-                Ok(())
-            }
-            Err(e) => {
-                self.blobs.remove(fresh);
-                Err(e)
-            }
-        }
+            .await?;
+        self.blobs.remove_later(unused);
+        Ok(())
     }
 
     pub(super) async fn upload_part(
@@ -233,27 +218,25 @@ impl Store {
         algorithms.sort();
         algorithms.dedup();
         let mut hashes = Hashes::new(&algorithms)?;
-        let blob = blobs::new_id();
+        // Removed on any way out but a commit that points at it.
+        let fresh = self.blobs.fresh();
         let size = self
             .blobs
-            .write(blob, body, |p| hashes.update(p))
+            .write(fresh.id(), body, |p| hashes.update(p))
             .await
             .map_err(write_error)?;
         let (md5, sums) = hashes.finish();
         let trailers = trailers.and_then(|t| t.take());
-        if let Err(e) = verify(
+        verify(
             input.content_md5.as_deref(),
             &md5,
             &declared,
             trailers.as_ref(),
             &sums,
-        ) {
-            self.blobs.remove(blob);
-            return Err(e);
-        }
+        )?;
         let part = PartRecord {
             segment: Segment {
-                blob,
+                blob: fresh.id(),
                 offset: 0,
                 len: size,
             },
@@ -262,8 +245,8 @@ impl Store {
             checksums: sums.clone(),
         };
         let etag = part.etag.clone();
-        self.commit_part((input.bucket, input.key, input.upload_id), n, part)
-            .await?;
+        let upload = (input.bucket, input.key, input.upload_id);
+        self.commit_part(upload, n, part, fresh).await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(ETag::Strong(etag)),
             checksum_crc32: sums.crc32,
@@ -308,17 +291,17 @@ impl Store {
             .map(|s| (s.blob, s.offset, s.len))
             .collect();
         let bytes = self.blobs.read(segments, range.start, range.end);
-        let blob = blobs::new_id();
+        let fresh = self.blobs.fresh();
         let size = self
             .blobs
-            .write(blob, bytes, |p| hashes.update(p))
+            .write(fresh.id(), bytes, |p| hashes.update(p))
             .await
             .map_err(write_error)?;
         drop(reading);
         let (md5, sums) = hashes.finish();
         let part = PartRecord {
             segment: Segment {
-                blob,
+                blob: fresh.id(),
                 offset: 0,
                 len: size,
             },
@@ -327,8 +310,8 @@ impl Store {
             checksums: sums,
         };
         let (etag, modified) = (part.etag.clone(), part.last_modified_ms);
-        self.commit_part((input.bucket, input.key, input.upload_id), n, part)
-            .await?;
+        let upload = (input.bucket, input.key, input.upload_id);
+        self.commit_part(upload, n, part, fresh).await?;
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(ETag::Strong(etag)),
@@ -410,9 +393,9 @@ impl Store {
                     input.upload_id.as_str(),
                 );
                 if upload_w(txn, upload.0, upload.1, upload.2)?.is_none() {
-                    return Ok((Err(no_such_upload()), vec![]));
+                    return Ok(Err(no_such_upload()));
                 }
-                Ok((Ok(drop_upload(txn, upload)?), vec![]))
+                Ok(Ok(drop_upload(txn, upload)?))
             })
             .await?;
         self.blobs.remove_later(unused);
@@ -452,15 +435,15 @@ fn complete_step(
     listed: &[Listed],
     declared: &Checksums,
     cond: &WriteConditions,
-) -> super::commit::Applied<(S3Result<Completed>, Vec<u128>)> {
+) -> super::commit::Applied<S3Result<Completed>> {
     let (bucket, key, id) = upload;
-    let refused = |e| Ok((Err(e), vec![]));
+    let refused = |e| Ok(Err(e));
     let Some(up) = upload_w(txn, bucket, key, id)? else {
         // A retry of a completion that went through: its answer again,
         // while the object is still the one it made.
         let objects = txn.open_table(OBJECTS)?;
         return match super::objects::current(&objects, bucket, key)? {
-            Some(done) if done.upload_id.as_deref() == Some(id) => Ok((Ok((done, vec![])), vec![])),
+            Some(done) if done.upload_id.as_deref() == Some(id) => Ok(Ok((done, vec![]))),
             _ => refused(no_such_upload()),
         };
     };
@@ -521,7 +504,7 @@ fn complete_step(
         Err(e) => return refused(e),
     };
     unused.extend(drop_upload(txn, upload)?);
-    Ok((Ok((record, unused)), vec![]))
+    Ok(Ok((record, unused)))
 }
 
 /// `bytes=a-b` of a copy source of `size` bytes.

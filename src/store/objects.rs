@@ -1,237 +1,24 @@
-//! Objects: PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects
-//! and CopyObject.
+//! Objects: PutObject, and the object record every write of one commits
+//! and every read of one starts from.
 //!
-//! A write streams its body into a new blob, checks the digests the
-//! request declared (Content-MD5, `x-amz-checksum-*` in headers or
-//! trailers), and only then commits the record, in one step that also
-//! checks the request's conditions and that the bucket still exists. A
-//! copy is a record that points at the source's blobs (read in the same
-//! step, so the source cannot go away in between): no bytes are copied.
+//! A PUT streams its body into a new blob, checks the digests the request
+//! declared (`digests.rs`), and only then commits the record. `put_record`
+//! is the step that puts a record, a PUT's, a copy's (`copy.rs`) or a
+//! completed upload's (`multipart.rs`): it checks that the bucket still
+//! exists and that the request's conditions hold (`conditions.rs`), puts
+//! the record and counts the references of its blobs. `current` and
+//! `object_in` read the record at a key, in a step or in a read.
 
-use super::blobs::{self, WriteError};
+use super::blobs::FreshBlob;
+use super::conditions::WriteConditions;
+use super::digests::{Hashes, declared_algorithms, verify};
 use super::index::{
-    Checksums, Headers, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode,
+    BUCKETS, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode, headers_in,
 };
-use super::{Store, blob_ref, blob_unref, bucket_must_exist, check_key, full, internal, now_ms};
+use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, write_error};
 use redb::{ReadableTable, WriteTransaction};
-use s3s::crypto::Checksum as _;
 use s3s::dto::*;
-use s3s::{S3Error, S3Request, S3Response, S3Result, s3_error};
-use std::collections::HashMap;
-
-/// The body's digests, computed as it streams.
-pub(super) struct Hashes {
-    md5: s3s::crypto::Md5,
-    sums: s3s::checksum::ChecksumHasher,
-}
-
-/// The checksum algorithms a request declares: its `x-amz-checksum-*`
-/// headers, its `x-amz-sdk-checksum-algorithm`, and the trailers it names.
-pub(super) fn declared_algorithms(
-    algorithm: Option<&ChecksumAlgorithm>,
-    given: &Checksums,
-    headers: &http::HeaderMap,
-) -> Vec<String> {
-    let mut names: Vec<String> = algorithm
-        .map(|a| a.as_str().to_string())
-        .into_iter()
-        .collect();
-    for (name, v) in [
-        ("CRC32", &given.crc32),
-        ("CRC32C", &given.crc32c),
-        ("CRC64NVME", &given.crc64nvme),
-        ("SHA1", &given.sha1),
-        ("SHA256", &given.sha256),
-    ] {
-        if v.is_some() {
-            names.push(name.to_string());
-        }
-    }
-    for t in headers
-        .get_all("x-amz-trailer")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-    {
-        for t in t.split(',') {
-            if let Some(a) = t
-                .trim()
-                .to_ascii_lowercase()
-                .strip_prefix("x-amz-checksum-")
-            {
-                names.push(a.to_ascii_uppercase());
-            }
-        }
-    }
-    names.sort();
-    names.dedup();
-    names
-}
-
-impl Hashes {
-    pub(super) fn new(algorithms: &[String]) -> S3Result<Hashes> {
-        let mut sums = s3s::checksum::ChecksumHasher::default();
-        for a in algorithms {
-            match a.as_str() {
-                ChecksumAlgorithm::CRC32 => sums.crc32 = Some(Default::default()),
-                ChecksumAlgorithm::CRC32C => sums.crc32c = Some(Default::default()),
-                ChecksumAlgorithm::CRC64NVME => sums.crc64nvme = Some(Default::default()),
-                ChecksumAlgorithm::SHA1 => sums.sha1 = Some(Default::default()),
-                ChecksumAlgorithm::SHA256 => sums.sha256 = Some(Default::default()),
-                other => {
-                    return Err(s3_error!(
-                        InvalidRequest,
-                        "unknown checksum algorithm {other}"
-                    ));
-                }
-            }
-        }
-        Ok(Hashes {
-            md5: s3s::crypto::Md5::new(),
-            sums,
-        })
-    }
-
-    pub(super) fn update(&mut self, piece: &[u8]) {
-        self.md5.update(piece);
-        self.sums.update(piece);
-    }
-
-    /// The MD5 (raw) and the checksums.
-    pub(super) fn finish(self) -> ([u8; 16], Checksums) {
-        let md5: [u8; 16] = self.md5.finalize();
-        let mut s = self.sums.finalize();
-        let sums = checksums_in!(s);
-        (md5, sums)
-    }
-}
-
-/// Checks a body's digests against what its request declared; the
-/// trailers (`aws-chunked`) add theirs to the headers'.
-pub(super) fn verify(
-    content_md5: Option<&str>,
-    md5: &[u8; 16],
-    declared: &Checksums,
-    trailers: Option<&http::HeaderMap>,
-    computed: &Checksums,
-) -> S3Result<()> {
-    if let Some(want) = content_md5 {
-        let want = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, want.trim())
-            .map_err(|_| s3_error!(InvalidDigest, "Content-MD5 is not base64"))?;
-        if want != md5 {
-            return Err(s3_error!(
-                BadDigest,
-                "the body does not match its Content-MD5"
-            ));
-        }
-    }
-    let trailer = |name: &str| {
-        trailers
-            .and_then(|t| t.get(name))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    for (name, given, got) in [
-        ("crc32", &declared.crc32, &computed.crc32),
-        ("crc32c", &declared.crc32c, &computed.crc32c),
-        ("crc64nvme", &declared.crc64nvme, &computed.crc64nvme),
-        ("sha1", &declared.sha1, &computed.sha1),
-        ("sha256", &declared.sha256, &computed.sha256),
-    ] {
-        let want = given
-            .clone()
-            .or_else(|| trailer(&format!("x-amz-checksum-{name}")));
-        if let Some(want) = want
-            && Some(&want) != got.as_ref()
-        {
-            return Err(s3_error!(
-                BadDigest,
-                "the body does not match its x-amz-checksum-{name}"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A body write's error as S3 answers it.
-pub(super) fn write_error(e: WriteError) -> S3Error {
-    match e {
-        WriteError::Body(e) => s3_error!(IncompleteBody, "the request body broke off: {e}"),
-        WriteError::Full(e) => full(e),
-        WriteError::Io(e) => internal(e),
-    }
-}
-
-/// The conditions a write of an object is checked against, in the step
-/// that commits it.
-#[derive(Default, Clone)]
-pub(super) struct WriteConditions {
-    pub if_match: Option<ETagCondition>,
-    pub if_none_match: Option<ETagCondition>,
-}
-
-impl WriteConditions {
-    pub(super) fn check(&self, current: Option<&ObjectRecord>) -> S3Result<()> {
-        if let Some(c) = &self.if_none_match
-            && current.is_some_and(|cur| c.is_any() || etag_is(c, cur))
-        {
-            return Err(precondition_failed());
-        }
-        if let Some(c) = &self.if_match {
-            match current {
-                None => {
-                    return Err(s3_error!(
-                        NoSuchKey,
-                        "the key does not exist, so If-Match cannot hold"
-                    ));
-                }
-                Some(cur) if !c.is_any() && !etag_is(c, cur) => return Err(precondition_failed()),
-                Some(_) => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-fn etag_is(c: &ETagCondition, cur: &ObjectRecord) -> bool {
-    c.as_etag().is_some_and(|e| e.value() == cur.etag)
-}
-
-pub(super) fn precondition_failed() -> S3Error {
-    s3_error!(
-        PreconditionFailed,
-        "At least one of the pre-conditions you specified did not hold"
-    )
-}
-
-/// The headers a PUT, a copy under REPLACE or a CreateMultipartUpload
-/// stores with the object.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn headers_of(
-    content_type: Option<String>,
-    content_encoding: Option<String>,
-    content_disposition: Option<String>,
-    content_language: Option<String>,
-    cache_control: Option<String>,
-    expires: Option<Timestamp>,
-    website_redirect_location: Option<String>,
-    metadata: Option<HashMap<String, String>>,
-) -> Headers {
-    let expires = expires.and_then(|t| {
-        let mut buf = Vec::new();
-        t.format(TimestampFormat::HttpDate, &mut buf).ok()?;
-        String::from_utf8(buf).ok()
-    });
-    Headers {
-        content_type,
-        content_encoding,
-        content_disposition,
-        content_language,
-        cache_control,
-        expires,
-        website_redirect_location,
-        metadata: metadata.unwrap_or_default().into_iter().collect(),
-    }
-}
+use s3s::{S3Request, S3Response, S3Result, s3_error};
 
 /// The record at `(bucket, key)` in `txn`'s view.
 pub(super) fn current(
@@ -254,7 +41,7 @@ pub(super) fn put_record(
     record: &ObjectRecord,
     cond: &WriteConditions,
 ) -> Result<S3Result<Vec<u128>>, redb::Error> {
-    if let Err(e) = bucket_exists_w(txn, bucket)? {
+    if let Err(e) = bucket_exists(&txn.open_table(BUCKETS)?, bucket)? {
         return Ok(Err(e));
     }
     let mut objects = txn.open_table(OBJECTS)?;
@@ -276,21 +63,6 @@ pub(super) fn put_record(
     Ok(Ok(unused))
 }
 
-/// Whether `bucket` exists, seen from a write transaction.
-pub(super) fn bucket_exists_w(
-    txn: &WriteTransaction,
-    bucket: &str,
-) -> Result<S3Result<()>, redb::Error> {
-    let t = txn.open_table(super::index::BUCKETS)?;
-    Ok(match t.get(bucket)? {
-        Some(_) => Ok(()),
-        None => Err(s3_error!(
-            NoSuchBucket,
-            "the bucket {bucket} does not exist"
-        )),
-    })
-}
-
 impl Store {
     pub(super) async fn put_object(
         &self,
@@ -300,51 +72,39 @@ impl Store {
         let mut input = req.input;
         check_key(&input.key)?;
         let bucket = input.bucket.clone();
-        self.read(move |txn| bucket_must_exist(txn, &bucket))
-            .await?;
+        self.bucket_must_exist(bucket).await?;
         let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
         let declared = checksums_in!(input);
         let algorithms =
             declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
         let mut hashes = Hashes::new(&algorithms)?;
-        let id = blobs::new_id();
+        // Removed on any way out but a commit that points at it.
+        let fresh = self.blobs.fresh();
         let size = self
             .blobs
-            .write(id, body, |p| hashes.update(p))
+            .write(fresh.id(), body, |p| hashes.update(p))
             .await
             .map_err(write_error)?;
         let (md5, mut sums) = hashes.finish();
         let trailers = trailers.and_then(|t| t.take());
-        if let Err(e) = verify(
+        verify(
             input.content_md5.as_deref(),
             &md5,
             &declared,
             trailers.as_ref(),
             &sums,
-        ) {
-            self.blobs.remove(id);
-            return Err(e);
-        }
+        )?;
         sums.kind = Some(ChecksumType::FULL_OBJECT.to_string());
         let record = ObjectRecord {
             segments: vec![Segment {
-                blob: id,
+                blob: fresh.id(),
                 offset: 0,
                 len: size,
             }],
             size,
             etag: hex::encode(md5),
             last_modified_ms: now_ms(),
-            headers: headers_of(
-                input.content_type,
-                input.content_encoding,
-                input.content_disposition,
-                input.content_language,
-                input.cache_control,
-                input.expires,
-                input.website_redirect_location,
-                input.metadata,
-            ),
+            headers: headers_in!(input),
             checksums: sums,
             parts: Vec::new(),
             upload_id: None,
@@ -354,7 +114,7 @@ impl Store {
             if_none_match: input.if_none_match,
         };
         let stored = self
-            .store_record(input.bucket, input.key, record, cond, vec![id])
+            .store_record(input.bucket, input.key, record, cond, fresh)
             .await?;
         let c = &stored.checksums;
         Ok(S3Response::new(PutObjectOutput {
@@ -369,36 +129,24 @@ impl Store {
         }))
     }
 
-    /// Commits `record` at `(bucket, key)` under `cond`. `fresh` are the
-    /// blobs this request wrote: removed if the record is refused.
-    pub(super) async fn store_record(
+    /// Commits `record` at `(bucket, key)` under `cond`; `fresh` is the
+    /// blob this request wrote for it.
+    async fn store_record(
         &self,
         bucket: String,
         key: String,
         record: ObjectRecord,
         cond: WriteConditions,
-        fresh: Vec<u128>,
+        fresh: FreshBlob,
     ) -> S3Result<ObjectRecord> {
         let step_record = record.clone();
-        let new = fresh.clone();
-        let result = self
-            .commit(move |txn| {
-                let r = put_record(txn, &bucket, &key, &step_record, &cond)?;
-                Ok((r, new))
+        let unused = self
+            .commit_fresh(fresh, move |txn| {
+                put_record(txn, &bucket, &key, &step_record, &cond)
             })
-            .await;
-        match result {
-            Ok(unused) => {
-                self.blobs.remove_later(unused);
-                Ok(record)
-            }
-            Err(e) => {
-                for id in fresh {
-                    self.blobs.remove(id);
-                }
-                Err(e)
-            }
-        }
+            .await?;
+        self.blobs.remove_later(unused);
+        Ok(record)
     }
 }
 
@@ -409,66 +157,10 @@ pub(super) fn object_in(
     bucket: &str,
     key: &str,
 ) -> S3Result<ObjectRecord> {
-    bucket_must_exist(txn, bucket)?;
+    let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+    bucket_exists(&buckets, bucket).map_err(internal)??;
     let t = txn.open_table(OBJECTS).map_err(internal)?;
     current(&t, bucket, key)
         .map_err(internal)?
         .ok_or_else(|| s3_error!(NoSuchKey, "the key does not exist"))
-}
-
-/// Only the one version an unversioned bucket has: `null`.
-pub(super) fn check_version(v: Option<&str>) -> S3Result<()> {
-    match v {
-        None | Some("null") => Ok(()),
-        Some(_) => Err(s3_error!(
-            NoSuchVersion,
-            "this store keeps one version per key, `null`"
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(etag: &str) -> ObjectRecord {
-        ObjectRecord {
-            segments: vec![],
-            size: 10,
-            etag: etag.into(),
-            last_modified_ms: 0,
-            headers: Headers::default(),
-            checksums: Checksums::default(),
-            parts: vec![4, 6],
-            upload_id: None,
-        }
-    }
-
-    #[test]
-    fn write_conditions_answer_as_s3_does() {
-        let tag = |t: &str| Some(ETagCondition::ETag(ETag::Strong(t.into())));
-        let code = |c: WriteConditions, cur: Option<&ObjectRecord>| {
-            c.check(cur).err().map(|e| e.code().as_str().to_string())
-        };
-        let absent = WriteConditions {
-            if_none_match: Some(ETagCondition::Any),
-            ..Default::default()
-        };
-        let swap = WriteConditions {
-            if_match: tag("e1"),
-            ..Default::default()
-        };
-        let e1 = record("e1");
-        assert_eq!(code(absent.clone(), None), None);
-        assert_eq!(
-            code(absent, Some(&e1)).as_deref(),
-            Some("PreconditionFailed")
-        );
-        assert_eq!(code(swap.clone(), Some(&e1)), None);
-        assert_eq!(
-            code(swap.clone(), Some(&record("e2"))).as_deref(),
-            Some("PreconditionFailed")
-        );
-        assert_eq!(code(swap, None).as_deref(), Some("NoSuchKey"));
-    }
 }

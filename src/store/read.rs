@@ -14,8 +14,8 @@
 //! seconds, the precision of the HTTP dates clients send back.
 
 use super::index::ObjectRecord;
-use super::objects::{check_version, object_in};
-use super::{Store, internal, timestamp};
+use super::objects::object_in;
+use super::{Store, check_version, internal, timestamp};
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
