@@ -52,7 +52,7 @@ def table(path):
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for setup, store, alone in SETUPS:
-        for op in ("get", "put"):
+        for op in ("get", "head", "put"):
             for c in (1, 32):
                 if (op, c, store) not in by or (op, c, alone) not in by:
                     continue
@@ -64,12 +64,12 @@ def table(path):
                     f"| {setup} | {op.upper()} | {c} | {f['rps']:,.0f} | {f['rps'] / a['rps']:.2f} | "
                     f"{f['p50']:.2f} | {f['p99']:.2f} | {f['cpu']:,.0f} | {cpu_vs} | {f['errors']} |"
                 )
-    for c in (1, 32):
-        n, a = by.get(("get", c, "nginx-static")), by.get(("get", c, "embedded"))
+    for op, c in (("get", 1), ("get", 32), ("head", 1), ("head", 32)):
+        n, a = by.get((op, c, "nginx-static")), by.get((op, c, "embedded"))
         if n and a:
             n, a = pooled(n), pooled(a)
             out.append(
-                f"| the floor: nginx serving the file | GET | {c} | {n['rps']:,.0f} | "
+                f"| the floor: nginx serving the file | {op.upper()} | {c} | {n['rps']:,.0f} | "
                 f"{n['rps'] / a['rps']:.2f} | {n['p50']:.2f} | {n['p99']:.2f} | {n['cpu']:,.0f} | "
                 f"{n['cpu'] / a['cpu']:.2f} | {n['errors']} |"
             )

@@ -110,9 +110,11 @@
 //!
 //! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
 //!   exit, one log event; `admit.rs` is its token and its admission by the
-//!   gate; `to_owner.rs` sends a request whose resource another replica
-//!   owns to that owner (cluster mode with owners); `outgoing.rs` builds
-//!   the upstream request, `forward.rs` does the exchange and keeps the
+//!   gate; `to_owner.rs` is the route: the admission here, or the owner's
+//!   answer for a resource another replica owns (cluster mode with
+//!   owners); `outgoing.rs` builds the upstream request, `per_op.rs` adds
+//!   what an operation needs in one `match`, `forward.rs` does the
+//!   exchange and keeps the
 //!   permits and object hold until the answer is complete, `copy.rs` and
 //!   `multi_delete.rs` are CopyObject and DeleteObjects, `conditional.rs`
 //!   holds the object and judges a write's conditions (and is

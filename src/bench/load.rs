@@ -26,6 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub enum Op {
     Put,
     Get,
+    /// A HEAD of the object a GET would read.
+    Head,
 }
 
 /// The condition each PUT carries (docs/conditional-writes.md).
@@ -264,7 +266,7 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         let path = format!("/{}", plan.args.bucket);
         let _ = w.send(Method::PUT, &path, 0, EMPTY_SHA256).await;
     }
-    if plan.args.op == Op::Get && !plan.args.no_setup {
+    if matches!(plan.args.op, Op::Get | Op::Head) && !plan.args.no_setup {
         // Every worker's object must exist before GETs are timed.
         for i in 0..concurrency {
             let mut w = Worker::new(&plan, i);
@@ -302,6 +304,7 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         op: match plan.args.op {
             Op::Put => "put",
             Op::Get => "get",
+            Op::Head => "head",
         },
         size: plan.args.size,
         concurrency,
@@ -387,6 +390,7 @@ impl Worker {
         let (method, size, sha) = match self.plan.args.op {
             Op::Put => (Method::PUT, self.plan.args.size, self.plan.put_sha.clone()),
             Op::Get => (Method::GET, 0, EMPTY_SHA256.to_string()),
+            Op::Head => (Method::HEAD, 0, EMPTY_SHA256.to_string()),
         };
         while self.plan.take() {
             let (key, condition) = match method {

@@ -21,8 +21,9 @@
 //!    cluster mode an unconditional fenced write's shared hold is put by its
 //!    admission, in the same etcd transaction;
 //! 7. `upstream_request` (`outgoing.rs`): the body pipeline and the
-//!    headers the backend gets, token stamped; then the variations of
-//!    CopyObject (`copy.rs`) and DeleteObjects (`multi_delete.rs`);
+//!    headers the backend gets, token stamped; then `per_op` (`per_op.rs`),
+//!    what an operation adds, in one `match` (a conditional write made to
+//!    hold on the backend, a fenced copy, CreateBucket, DeleteObjects);
 //! 8. `forward` (`forward.rs`): the upstream exchange in a task of its own
 //!    that keeps the write's permits until the backend's answer is complete,
 //!    even if the client leaves, and holds the resource closed for a
@@ -41,6 +42,7 @@ mod copy;
 mod forward;
 mod multi_delete;
 mod outgoing;
+mod per_op;
 mod public;
 mod small_body;
 mod to_owner;
@@ -66,6 +68,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use per_op::{Exchange, Prepared};
 use small_body::read_small_body;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -345,45 +348,13 @@ impl Proxy {
             hold,
         };
         let mut out = self.upstream_request(&head, &admitted, incoming)?;
-        let mut permits: Vec<Arc<Permit>> = admitted.fenced.permit.iter().cloned().collect();
-        let mut hold = admitted.hold.clone();
-        let mut refused = Vec::new();
-        let per_object = matches!(
-            admitted.op.op,
-            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
-        );
-        if per_object && self.conditional_writes && admitted.fenced.permit.is_some() {
-            Box::pin(self.condition_on_current(&mut out, &head.headers, &admitted.op)).await?;
-        }
-        match admitted.op.op {
-            Op::CopyObject if admitted.fenced.token.is_some() => {
-                Box::pin(self.keep_source_metadata(&mut out, &head.headers, &admitted.op)).await?
-            }
-            Op::CreateBucket => Box::pin(self.create_bucket_body(&mut out)).await?,
-            Op::DeleteObjects => {
-                let session = admitted.verified.session.as_deref();
-                let more =
-                    Box::pin(self.fence_multi_delete(&admitted.op, token, session, &mut out, ctx));
-                let multi = more.await?;
-                if let Some((owner, body)) = multi.elsewhere {
-                    if admitted.verified.payload.is_chunked() {
-                        return Err(S3Error::SlowDown(format!(
-                            "the keys' resources are owned by replica {}; an aws-chunked \
-                             DeleteObjects is not forwarded: send it there",
-                            owner.0
-                        )));
-                    }
-                    return Box::pin(self.multi_delete_to_owner(ctx, &head, owner, body)).await;
-                }
-                permits.extend(multi.permits.into_iter().map(Arc::new));
-                hold = Arc::new(multi.hold);
-                refused = multi.refused;
-                if multi.nothing_left {
-                    return Ok(multi_delete::refused_only(&refused));
-                }
-            }
-            _ => {}
-        }
+        let exchange = match self.per_op_needed(&admitted) {
+            false => Exchange::of(&admitted),
+            true => match Box::pin(self.per_op(ctx, &head, &admitted, &mut out)).await? {
+                Prepared::Forward(exchange) => exchange,
+                Prepared::Answered(answer) => return Ok(answer),
+            },
+        };
         // A write without a body had its last check in `upstream_request`;
         // the HEADs above took time, in which a newer token or a lapsed
         // lease may have come: check again right before it goes.
@@ -394,7 +365,7 @@ impl Proxy {
                 let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
                 return Err(S3Error::aborted(p, resource));
             }
-            if !hold.body_complete() {
+            if !exchange.hold.body_complete() {
                 return Err(S3Error::lease_lapsed(
                     ctx.key.as_deref().unwrap_or_default(),
                 ));
@@ -402,6 +373,11 @@ impl Proxy {
         }
         drop(admitted.fenced.permit);
         drop(admitted.hold);
+        let Exchange {
+            permits,
+            hold,
+            refused,
+        } = exchange;
         let resp = self.forward(out, permits, hold).await?;
         let resp = self
             .respond(resp, &admitted.op, &admitted.verified, token)

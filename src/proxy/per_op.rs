@@ -1,0 +1,137 @@
+//! Phase 7b: what an operation adds to its upstream request, in one
+//! `match`: a conditional write made to hold on any backend
+//! (`conditional.rs`), a fenced copy that keeps its source's metadata
+//! (`copy.rs`), CreateBucket's location as the backend's region
+//! (`small_body.rs`), and DeleteObjects' keys fenced and held one by one
+//! (`multi_delete.rs`), which may send it to their owner or answer it here.
+//! What the exchange then holds (its permits and object holds) leaves here
+//! as one [`Exchange`].
+
+use super::{Admitted, Proxy, RequestCtx, multi_delete};
+use crate::body::ProxyBody;
+use crate::fence::gate::Permit;
+use crate::fence::hold::ObjectHold;
+use crate::s3::conditions::Failed;
+use crate::s3::error::S3Error;
+use crate::s3::op::Op;
+use crate::upstream::client::Outgoing;
+use http::Response;
+use http::request::Parts;
+use std::sync::Arc;
+
+/// What a request holds while its exchange runs, and DeleteObjects' keys
+/// refused here (merged into the backend's answer).
+pub(super) struct Exchange {
+    pub permits: Vec<Arc<Permit>>,
+    pub hold: Arc<ObjectHold>,
+    pub refused: Vec<(String, Failed)>,
+}
+
+impl Exchange {
+    /// The request's own admission and hold, as phase 6 left them.
+    pub(super) fn of(admitted: &Admitted) -> Exchange {
+        Exchange {
+            permits: admitted.fenced.permit.iter().cloned().collect(),
+            hold: admitted.hold.clone(),
+            refused: Vec::new(),
+        }
+    }
+}
+
+/// The outcome of phase 7b.
+pub(super) enum Prepared {
+    /// To the backend, holding this.
+    Forward(Exchange),
+    /// Answered without the backend here: by the keys' owner, or every
+    /// key refused.
+    Answered(Response<ProxyBody>),
+}
+
+impl Proxy {
+    /// Whether phase 7b has anything to do for this request (most have
+    /// nothing, and skip its future).
+    pub(super) fn per_op_needed(&self, admitted: &Admitted) -> bool {
+        matches!(
+            admitted.op.op,
+            Op::PutObject
+                | Op::CompleteMultipartUpload
+                | Op::CopyObject
+                | Op::CreateBucket
+                | Op::DeleteObjects
+        )
+    }
+
+    /// Phase 7b (see the module doc).
+    pub(super) async fn per_op(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        admitted: &Admitted<'_>,
+        out: &mut Outgoing,
+    ) -> Result<Prepared, S3Error> {
+        let exchange = Exchange::of(admitted);
+        let op = &admitted.op;
+        // A fenced write's condition held on the backend too.
+        let conditional = self.conditional_writes && admitted.fenced.permit.is_some();
+        match op.op {
+            Op::PutObject | Op::CompleteMultipartUpload if conditional => {
+                self.condition_on_current(out, &head.headers, op).await?
+            }
+            Op::CopyObject => {
+                if conditional {
+                    self.condition_on_current(out, &head.headers, op).await?;
+                }
+                if admitted.fenced.token.is_some() {
+                    self.keep_source_metadata(out, &head.headers, op).await?;
+                }
+            }
+            Op::CreateBucket => self.create_bucket_body(out).await?,
+            Op::DeleteObjects => {
+                return self
+                    .delete_objects(ctx, head, admitted, out, exchange)
+                    .await;
+            }
+            _ => {}
+        }
+        Ok(Prepared::Forward(exchange))
+    }
+
+    /// DeleteObjects: every key fenced and held; the request goes to the
+    /// keys' owner when another replica owns their resources.
+    async fn delete_objects(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        admitted: &Admitted<'_>,
+        out: &mut Outgoing,
+        mut exchange: Exchange,
+    ) -> Result<Prepared, S3Error> {
+        let session = admitted.verified.session.as_deref();
+        let token = admitted.fenced.token;
+        let multi = self
+            .fence_multi_delete(&admitted.op, token, session, out, ctx)
+            .await?;
+        if let Some((owner, body)) = multi.elsewhere {
+            if admitted.verified.payload.is_chunked() {
+                return Err(S3Error::SlowDown(format!(
+                    "the keys' resources are owned by replica {}; an aws-chunked \
+                     DeleteObjects is not forwarded: send it there",
+                    owner.0
+                )));
+            }
+            let answer = self.multi_delete_to_owner(ctx, head, owner, body).await?;
+            return Ok(Prepared::Answered(answer));
+        }
+        exchange
+            .permits
+            .extend(multi.permits.into_iter().map(Arc::new));
+        exchange.hold = Arc::new(multi.hold);
+        exchange.refused = multi.refused;
+        if multi.nothing_left {
+            return Ok(Prepared::Answered(multi_delete::refused_only(
+                &exchange.refused,
+            )));
+        }
+        Ok(Prepared::Forward(exchange))
+    }
+}
