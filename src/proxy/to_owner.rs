@@ -317,9 +317,15 @@ impl Proxy {
                 let body = body.take().expect("not built");
                 pause(body, deadline, || unreached(e.to_string())).await
             }
-            Err((e, true)) => Err(S3Error::BadGateway(format!(
-                "replica {owner}, which owns {resource}: {e}"
-            ))),
+            Err((e, true)) => {
+                // The exchange broke with the request sent (an owner that
+                // moved refuses before it reads a large body, and closes):
+                // ask afresh next time rather than meet the same end.
+                self.gate.forget_owner(&resource);
+                Err(S3Error::BadGateway(format!(
+                    "replica {owner}, which owns {resource}: {e}"
+                )))
+            }
         }
     }
 
