@@ -51,14 +51,18 @@ impl Proxy {
     /// Whether phase 7b has anything to do for this request (most have
     /// nothing, and skip its future).
     pub(super) fn per_op_needed(&self, admitted: &Admitted) -> bool {
-        matches!(
-            admitted.op.op,
-            Op::PutObject
-                | Op::CompleteMultipartUpload
-                | Op::CopyObject
-                | Op::CreateBucket
-                | Op::DeleteObjects
-        )
+        match admitted.op.op {
+            Op::PutObject | Op::CompleteMultipartUpload => self.held_on_backend(admitted),
+            Op::CopyObject => self.held_on_backend(admitted) || admitted.fenced.token.is_some(),
+            Op::CreateBucket | Op::DeleteObjects => true,
+            _ => false,
+        }
+    }
+
+    /// Whether a write's condition is made to hold on the backend too
+    /// (`fence.conditional_writes`, a fenced write).
+    fn held_on_backend(&self, admitted: &Admitted) -> bool {
+        self.conditional_writes && admitted.fenced.permit.is_some()
     }
 
     /// Phase 7b (see the module doc).
@@ -71,8 +75,7 @@ impl Proxy {
     ) -> Result<Prepared, S3Error> {
         let exchange = Exchange::of(admitted);
         let op = &admitted.op;
-        // A fenced write's condition held on the backend too.
-        let conditional = self.conditional_writes && admitted.fenced.permit.is_some();
+        let conditional = self.held_on_backend(admitted);
         match op.op {
             Op::PutObject | Op::CompleteMultipartUpload if conditional => {
                 self.condition_on_current(out, &head.headers, op).await?
