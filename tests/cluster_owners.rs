@@ -401,12 +401,14 @@ async fn replicas_forward_to_each_other_over_tls() {
     );
 }
 
-/// A resource left idle is let go by its owner: the next write, at another
-/// replica, takes it there (no forward), and without the wait that follows
-/// an owner's death (the default quarantine is longer than the admission
-/// bound: a wait would answer 503).
-#[tokio::test]
-async fn an_idle_resource_is_let_go_and_taken_by_the_next_writer() {
+/// Two replicas on a fresh etcd and backend, and a client of each.
+async fn two_replicas() -> (
+    EtcdCluster,
+    TestBackend,
+    Vec<Fencegate>,
+    RawClient,
+    RawClient,
+) {
     let etcd = EtcdCluster::start();
     let be = TestBackend::start().await;
     let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
@@ -414,10 +416,24 @@ async fn an_idle_resource_is_let_go_and_taken_by_the_next_writer() {
         RawClient::new(&fg[0].endpoint()),
         RawClient::new(&fg[1].endpoint()),
     );
+    (etcd, be, fg, a, b)
+}
+
+/// Two idle sweeps (5 s each) and a margin: an owner has let go.
+async fn idle_release() {
+    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+}
+
+/// A resource left idle is let go by its owner: the next write, at another
+/// replica, takes it there (no forward), and without the wait that follows
+/// an owner's death (the default quarantine is longer than the admission
+/// bound: a wait would answer 503).
+#[tokio::test]
+async fn an_idle_resource_is_let_go_and_taken_by_the_next_writer() {
+    let (_etcd, _be, fg, a, b) = two_replicas().await;
     let put = |t: u64| RawRequest::put("/demo/idle", format!("v{t}")).token(t);
     assert_eq!(a.send(put(3)).await.unwrap().status, 200);
-    // Two idle sweeps (5 s each) and a margin.
-    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    idle_release().await;
     let r = b.send(put(3)).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(metric(&fg[1], "fencegate_cluster_takes_total").await, 1.0);
@@ -442,13 +458,7 @@ async fn an_idle_resource_is_let_go_and_taken_by_the_next_writer() {
 /// instead of passing the old owner's refusal to the client.
 #[tokio::test]
 async fn a_write_after_an_idle_release_is_not_refused() {
-    let etcd = EtcdCluster::start();
-    let be = TestBackend::start().await;
-    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
-    let (a, b) = (
-        RawClient::new(&fg[0].endpoint()),
-        RawClient::new(&fg[1].endpoint()),
-    );
+    let (_etcd, be, fg, a, b) = two_replicas().await;
     let put = |t: u64| RawRequest::put("/demo/burst", format!("v{t}")).token(t);
     assert_eq!(a.send(put(3)).await.unwrap().status, 200);
     // B forwards to A, and remembers A as the owner.
@@ -457,8 +467,7 @@ async fn a_write_after_an_idle_release_is_not_refused() {
         metric(&fg[1], "fencegate_cluster_forwarded_total").await,
         1.0
     );
-    // Two idle sweeps (5 s each) and a margin: A lets the resource go.
-    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    idle_release().await; // A lets the resource go.
     let r = b.send(put(4)).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let r = a.send(put(4)).await.unwrap();
@@ -472,17 +481,11 @@ async fn a_write_after_an_idle_release_is_not_refused() {
 /// for the next write rather than send it to the same place.
 #[tokio::test]
 async fn a_large_write_after_an_idle_release_fails_at_most_once() {
-    let etcd = EtcdCluster::start();
-    let be = TestBackend::start().await;
-    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
-    let (a, b) = (
-        RawClient::new(&fg[0].endpoint()),
-        RawClient::new(&fg[1].endpoint()),
-    );
+    let (_etcd, _be, _fg, a, b) = two_replicas().await;
     let big = |t: u64| RawRequest::put("/demo/large", vec![b'x'; 64 << 20]).token(t);
     assert_eq!(a.send(big(3)).await.unwrap().status, 200);
     assert_eq!(b.send(big(3)).await.unwrap().status, 200);
-    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    idle_release().await;
     // The first may fail (the old owner refuses it, having let go).
     let _ = b.send(big(4)).await;
     let r = b.send(big(4)).await.unwrap();
