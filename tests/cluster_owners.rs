@@ -18,7 +18,8 @@
 //! - an idle resource is let go, and taken by the next writer elsewhere
 //!   without a wait;
 //! - a write forwarded to an owner that let its resource go is routed
-//!   again, not refused.
+//!   again, not refused;
+//! - an owner stopped with SIGTERM hands its resources over with no wait.
 //!
 //! The owner killed, paused past its lease, or cut off from etcd with a
 //! write admitted locally are `tests/cluster.rs`'s tests: the first write
@@ -490,4 +491,20 @@ async fn a_large_write_after_an_idle_release_fails_at_most_once() {
     let _ = b.send(big(4)).await;
     let r = b.send(big(4)).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// An owner stopped with SIGTERM lets its resources go on the way out, so
+/// the next writer takes them at once: no quarantine (the default is longer
+/// than the admission bound, so a wait would answer 503), even at a
+/// replica that forwarded to the stopped owner before.
+#[tokio::test]
+async fn an_owner_stopped_with_sigterm_hands_over_without_a_wait() {
+    let (_etcd, be, mut fg, a, b) = two_replicas().await;
+    let put = |t: u64| RawRequest::put("/demo/handover", format!("v{t}")).token(t);
+    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
+    assert_eq!(b.send(put(3)).await.unwrap().status, 200);
+    assert_eq!(fg[0].terminate(), Some(0));
+    let r = b.send(put(4)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(be.object("demo", "handover").as_deref(), Some(&b"v4"[..]));
 }
