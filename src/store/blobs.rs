@@ -256,20 +256,13 @@ impl Blobs {
     /// laid end to end, as a stream of pieces.
     pub fn read(
         &self,
-        segments: Vec<(u128, u64, u64)>,
+        segments: impl IntoIterator<Item = (u128, u64, u64)>,
         start: u64,
         end: u64,
     ) -> Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send + Sync>> {
-        // Each segment's part of the range: (path, where in the file, how much).
-        let mut pieces = Vec::new();
-        let mut at = 0u64;
-        for (id, offset, len) in segments {
-            let (from, to) = (start.max(at), end.min(at + len));
-            if from < to {
-                pieces.push((self.path_of(id), offset + from - at, to - from));
-            }
-            at += len;
-        }
+        let pieces: Vec<_> = pieces(segments, start, end)
+            .map(|(id, from, len)| (self.path_of(id), from, len))
+            .collect();
         let stream = futures_util::stream::iter(pieces)
             .flat_map(|(path, from, len)| read_file(path, from, len));
         Box::pin(stream)
@@ -315,25 +308,38 @@ impl Blobs {
     /// read, on a thread that may block.
     pub fn read_now(
         &self,
-        segments: impl Iterator<Item = (u128, u64, u64)>,
+        segments: impl IntoIterator<Item = (u128, u64, u64)>,
         start: u64,
         end: u64,
     ) -> std::io::Result<Bytes> {
         use std::os::unix::fs::FileExt;
         let mut out = BytesMut::zeroed((end - start) as usize);
-        let (mut at, mut filled) = (0u64, 0usize);
-        for (id, offset, len) in segments {
-            let (from, to) = (start.max(at), end.min(at + len));
-            if from < to {
-                let n = (to - from) as usize;
-                let file = std::fs::File::open(self.path_of(id))?;
-                file.read_exact_at(&mut out[filled..filled + n], offset + from - at)?;
-                filled += n;
-            }
-            at += len;
+        let mut filled = 0usize;
+        for (id, from, len) in pieces(segments, start, end) {
+            let n = len as usize;
+            let file = std::fs::File::open(self.path_of(id))?;
+            file.read_exact_at(&mut out[filled..filled + n], from)?;
+            filled += n;
         }
         Ok(out.freeze())
     }
+}
+
+/// Each segment's part of `[start, end)` of the segments `(id, offset,
+/// len)` laid end to end: `(id, where in its file, how much)`, the empty
+/// parts left out.
+fn pieces(
+    segments: impl IntoIterator<Item = (u128, u64, u64)>,
+    start: u64,
+    end: u64,
+) -> impl Iterator<Item = (u128, u64, u64)> {
+    let mut at = 0u64;
+    segments.into_iter().filter_map(move |(id, offset, len)| {
+        let (from, to) = (start.max(at), end.min(at + len));
+        let piece = (from < to).then(|| (id, offset + from - at, to - from));
+        at += len;
+        piece
+    })
 }
 
 /// Makes the entries of directory `dir` durable.

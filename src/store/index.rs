@@ -205,6 +205,12 @@ impl ObjectRecord {
     pub fn blobs(&self) -> impl Iterator<Item = u128> + '_ {
         self.segments.iter().map(|s| s.blob)
     }
+
+    /// The object's bytes as `(blob, offset, len)` spans, in order: what
+    /// `Blobs::read` and `Blobs::read_now` take.
+    pub fn spans(&self) -> impl Iterator<Item = (u128, u64, u64)> + '_ {
+        self.segments.iter().map(|s| (s.blob, s.offset, s.len))
+    }
 }
 
 #[cfg(test)]

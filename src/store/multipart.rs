@@ -285,12 +285,7 @@ impl Store {
         let algorithms: Vec<String> = upload.checksum_algorithm.into_iter().collect();
         let mut hashes = Hashes::new(&algorithms)?;
         let reading = self.blobs.hold_for_read(src.blobs().collect());
-        let segments = src
-            .segments
-            .iter()
-            .map(|s| (s.blob, s.offset, s.len))
-            .collect();
-        let bytes = self.blobs.read(segments, range.start, range.end);
+        let bytes = self.blobs.read(src.spans(), range.start, range.end);
         let fresh = self.blobs.fresh();
         let size = self
             .blobs

@@ -129,8 +129,11 @@ impl Store {
                 // Held while read, as a streamed read holds its blobs.
                 true => {
                     let _reading = blobs.hold_for_read(record.blobs().collect());
-                    let segments = record.segments.iter().map(|s| (s.blob, s.offset, s.len));
-                    Some(blobs.read_now(segments, start, end).map_err(internal)?)
+                    Some(
+                        blobs
+                            .read_now(record.spans(), start, end)
+                            .map_err(internal)?,
+                    )
                 }
                 false => None,
             };
@@ -167,14 +170,9 @@ impl Store {
         let body = match &sel.read {
             Some(read) => StreamingBlob::from(s3s::Body::from(read.clone())),
             None => {
-                let segments = record
-                    .segments
-                    .iter()
-                    .map(|s| (s.blob, s.offset, s.len))
-                    .collect();
                 let reading = self.blobs.hold_for_read(record.blobs().collect());
                 let (start, end) = (sel.bytes.range.start, sel.bytes.range.end);
-                let stream = (self.blobs).read(segments, start, end);
+                let stream = (self.blobs).read(record.spans(), start, end);
                 StreamingBlob::wrap(futures_util::StreamExt::map(stream, move |piece| {
                     let _still_reading = &reading;
                     piece

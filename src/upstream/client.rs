@@ -348,19 +348,23 @@ impl Upstream {
         if trusted {
             req.extensions_mut().insert(Trusted);
         }
-        let failure = Arc::new(std::sync::Mutex::new(None));
-        let body = match frames {
-            Some(frames) => s3s::Body::http_body_unsync(LocalBody {
+        // Only a body can fail: a request without one (most reads) keeps
+        // no slot for its failure.
+        let failure = frames
+            .as_ref()
+            .map(|_| Arc::new(std::sync::Mutex::new(None)));
+        let body = match (frames, &failure) {
+            (Some(frames), Some(failure)) => s3s::Body::http_body_unsync(LocalBody {
                 frames,
                 left: len,
                 failure: failure.clone(),
             }),
-            None => s3s::Body::empty(),
+            _ => s3s::Body::empty(),
         };
         let resp = store.call(req.map(|()| body)).await;
         // The store has read all of the body it will read: a failure of
         // fencegate's stream is recorded by now.
-        let failed = failure.lock().expect("never poisoned").take();
+        let failed = failure.and_then(|f| f.lock().expect("never poisoned").take());
         match failed {
             Some(e) => Err(e),
             None => Ok(resp.map(AnswerBody::InProcess)),
