@@ -1,7 +1,8 @@
 //! The embedded store (src/store/) through fencegate, as an S3 client sees
 //! it: every key S3 allows, multipart as AWS does it, digests checked
-//! before anything lands, DeleteBucket only when empty, reads that honour
-//! their conditions. The bucket is unfenced here: what is tested is the
+//! before anything lands (and a body fencegate finds damaged refused with
+//! its reason), DeleteBucket only when empty, reads that honour their
+//! conditions. The bucket is unfenced here: what is tested is the
 //! store's answer, not the fence.
 
 mod common;
@@ -613,4 +614,45 @@ async fn errors_name_their_request_id_and_objects_have_a_content_type() {
         .await
         .unwrap();
     assert_eq!(head.content_type(), Some("text/plain"));
+}
+
+/// A body fencegate finds damaged as it streams it into the store (in the
+/// same process, with no socket between) is answered with fencegate's own
+/// refusal, as on any backend, and nothing lands: the store only saw a
+/// body that broke off.
+#[tokio::test]
+async fn a_damaged_body_is_refused_with_fencegates_reason() {
+    use common::raw::{Damage, Form, RawClient, RawRequest, Source};
+    let (fg, c) = store().await;
+    let raw = RawClient::new(&fg.endpoint());
+    let cases = [
+        ("flip-sha", Form::Sha256, 400, "XAmzContentSHA256Mismatch"),
+        (
+            "flip-chunked",
+            Form::Chunked { trailer: false },
+            403,
+            "SignatureDoesNotMatch",
+        ),
+    ];
+    for (name, form, status, code) in cases {
+        let mut req = RawRequest::new(http::Method::PUT, &format!("/demo/{name}"));
+        req.form = form;
+        req.body = Some(Source::bytes(vec![b'z'; 300_000]));
+        req.damage = Damage {
+            flip_at: Some(150_000),
+            cut_at: None,
+        };
+        let r = raw.send(req).await.unwrap();
+        assert_eq!(
+            (r.status, r.code()),
+            (status, Some(code)),
+            "{name}: {}",
+            r.body
+        );
+        assert_eq!(
+            get(&c, name).await,
+            Err((404, "NoSuchKey".into())),
+            "{name}"
+        );
+    }
 }
