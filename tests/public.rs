@@ -1,8 +1,9 @@
 //! Browsers and public buckets, without a browser (`tests/browser.rs` has
 //! the real one): CORS preflights reach the backend, fencegate's own errors
 //! carry the CORS headers the backend allows, anonymous reads are forwarded
-//! unsigned under the backend's own policy when switched on, and stamping
-//! can be switched off.
+//! unsigned under the backend's own policy when switched on (and refused by
+//! the in-process embedded store, which has no public buckets), and
+//! stamping can be switched off.
 
 mod common;
 
@@ -200,4 +201,29 @@ async fn preflights_reach_the_backend_and_own_errors_carry_only_the_origins_it_a
     let r = raw.send(stale("http://evil.example")).await.unwrap();
     assert_eq!(r.status, 409);
     assert!(r.headers.get(allow).is_none(), "{:?}", r.headers);
+}
+
+/// On the embedded default, which has no public buckets, an anonymous read
+/// is refused by the store even though the store is called in-process:
+/// fencegate's own credential (a mark no request from the wire can carry)
+/// is never lent to it.
+#[tokio::test]
+async fn anonymous_reads_on_the_embedded_store_stay_refused() {
+    let fg = common::fencegate::Fencegate::start_with(
+        common::fencegate::Backend::Embedded,
+        "anonymous_reads = true\n",
+        "",
+    );
+    let c = common::sdk(&fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    let put = RawRequest::put("/demo/k", "v5").token(5);
+    let r = RawClient::new(&fg.endpoint()).send(put).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = unsigned("GET", &format!("{}/demo/k", fg.endpoint()), &[]).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (403, Some("AccessDenied")),
+        "{}",
+        r.body
+    );
 }
