@@ -218,7 +218,8 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     let sessions = crate::s3::session::keys_from_config(cfg)
         .map_err(StartError)?
         .map(Arc::new);
-    let proxy = Proxy::new(cfg, gate.clone(), upstream, sessions.clone()).map_err(StartError)?;
+    let proxy = Proxy::new(cfg, gate.clone(), upstream, sessions.clone(), probe.clone());
+    let proxy = proxy.map_err(StartError)?;
     let proxy = Arc::new(proxy);
     let admin = Arc::new(Admin {
         gate,

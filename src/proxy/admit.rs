@@ -10,7 +10,7 @@ use crate::fence::resource::Fencing;
 use crate::metric_names as m;
 use crate::s3::auth::Verified;
 use crate::s3::error::S3Error;
-use crate::s3::op::{Access, Operation};
+use crate::s3::op::{Access, Op, Operation};
 use crate::s3::query::Param;
 use http::request::Parts;
 use std::sync::Arc;
@@ -85,6 +85,18 @@ impl Proxy {
         Ok(token)
     }
 
+    /// Whether a fenced `op` goes to the backend with a condition on its
+    /// object as admitted, which the backend honours (`per_op.rs`,
+    /// `fence.conditional_writes`): the store then refuses it once
+    /// overtaken.
+    fn conditioned_at_backend(&self, op: &Operation) -> bool {
+        let kind = matches!(
+            op.op,
+            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
+        );
+        kind && self.conditional_writes && self.probe.honours_writes()
+    }
+
     /// Phase 6: admission through the gate. An unconditional write that
     /// replaces or deletes its object shares the object's hold in the same
     /// step where that saves a round trip (cluster mode).
@@ -107,6 +119,7 @@ impl Proxy {
             _ => return Ok(none),
         };
         let kind = match op.access() {
+            Access::ObjectWrite if self.conditioned_at_backend(op) => Kind::Conditioned,
             Access::ObjectWrite => Kind::Write,
             Access::ObjectRead => Kind::Read,
             _ => return Ok(none),
@@ -118,10 +131,10 @@ impl Proxy {
         let token = match (token, kind) {
             (Some(t), _) => t,
             (None, Kind::Read) => return Ok(none),
-            (None, Kind::Write) => return Err(S3Error::MissingFencingToken(resource)),
+            (None, _) => return Err(S3Error::MissingFencingToken(resource)),
         };
         let admitting = Instant::now();
-        let sharing = kind == Kind::Write
+        let sharing = kind.writes()
             && unconditional
             && op.op.changes_object()
             && self.gate.holds().put_by_admission();

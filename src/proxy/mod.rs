@@ -63,6 +63,7 @@ use crate::s3::query::{self, Param};
 use crate::s3::session::SessionKeys;
 use crate::s3::xml;
 use crate::upstream::client::{Upstream, clean_response_headers};
+use crate::upstream::probe::Probe;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
@@ -95,6 +96,8 @@ pub struct Proxy {
     quarantine: Duration,
     /// `fence.conditional_writes` (`conditional.rs`).
     conditional_writes: bool,
+    /// Whether the backend honours conditional writes itself.
+    probe: Arc<Probe>,
     /// Debug switch: a session credential's token is not used
     /// (`FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1`), to see its tests fail.
     session_token_ignored: bool,
@@ -194,6 +197,7 @@ impl Proxy {
         gate: Arc<Gate>,
         upstream: Arc<Upstream>,
         sessions: Option<Arc<SessionKeys>>,
+        probe: Arc<Probe>,
     ) -> Result<Proxy, String> {
         let stamp_header = cfg.fence.stamp_header().map(|h| header_name(&h));
         let peers = match &cfg.cluster {
@@ -219,6 +223,7 @@ impl Proxy {
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             conditional_writes: cfg.fence.conditional_writes,
+            probe,
             session_token_ignored: unsafe_switch(
                 "FENCEGATE_UNSAFE_SESSION_NO_TOKEN",
                 "the token of session credentials",

@@ -117,6 +117,7 @@ impl S3Error {
                 "{resource} is owned by replica {replica}, which this request cannot reach from here"
             )),
             Refusal::Moved => S3Error::SlowDown(format!("{resource} moved to another replica")),
+            Refusal::Unmarked => S3Error::SlowDown(format!("{resource} is changing hands")),
         }
     }
 

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,10 +41,12 @@ pub struct Honours {
     pub error: Option<String>,
 }
 
-/// What the probe found, shared with the admin listener.
+/// What the probe found, shared with the admin listener and the proxy.
 #[derive(Default)]
 pub struct Probe {
     found: Mutex<Honours>,
+    /// Both PUT conditions refused, as found last (read per write).
+    writes: AtomicBool,
 }
 
 impl Probe {
@@ -51,7 +54,16 @@ impl Probe {
         self.found.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Whether the backend was found refusing PUTs whose `If-Match` or
+    /// `If-None-Match` fails: a write sent with one is refused by the
+    /// store itself once overtaken.
+    pub fn honours_writes(&self) -> bool {
+        self.writes.load(Ordering::Relaxed)
+    }
+
     fn set(&self, h: Honours) {
+        let writes = h.if_none_match == Some(true) && h.if_match == Some(true);
+        self.writes.store(writes, Ordering::Relaxed);
         *self.found.lock().unwrap_or_else(|p| p.into_inner()) = h;
     }
 

@@ -38,9 +38,20 @@ pub fn replica_with(
     fence_lines: &str,
     ttl_ms: u64,
 ) -> Fencegate {
+    replica_full(backend, "", endpoints, fence_lines, ttl_ms)
+}
+
+/// [`replica_with`], with `backend_lines` added to its `[backend]` table.
+pub fn replica_full(
+    backend: &Backend,
+    backend_lines: &str,
+    endpoints: &str,
+    fence_lines: &str,
+    ttl_ms: u64,
+) -> Fencegate {
     let server = format!("admin_token = \"{ADMIN}\"\n");
     let toml = cluster_toml(endpoints, fence_lines, ttl_ms);
-    let fg = Fencegate::start_with(backend.clone(), &server, &toml);
+    let fg = Fencegate::start_full(backend.clone(), &server, backend_lines, &toml, &[]);
     super::wait_until(20, "the replica to hold a lease", || {
         ready_status(&fg) == 200
     });

@@ -12,6 +12,10 @@
 //!   with the single-node gate: nothing in etcd.
 //! - **Raise.** A token above the fence is put only if the owner key
 //!   still has this epoch: a former owner whose lease lapsed cannot raise.
+//! - **Markers.** The owner deletes the marker while the resource is quiet
+//!   and puts it back before the next write that needs it, both guarded by
+//!   its epoch (`gate/owned.rs`, "Markers"): an owner that dies quiet
+//!   leaves no wait either.
 //! - **Release.** An idle or evicted resource's keys are deleted, guarded
 //!   by the epoch: the next owner needs no wait.
 //! - **Raises made elsewhere** (the admin API, eager fencing at a replica
@@ -28,6 +32,10 @@ use etcd_client::{
 };
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// In-flight markers deleted per transaction (etcd allows 128 operations
+/// in one by default).
+const UNMARK_BATCH: usize = 64;
 
 /// A replica's hold on one resource: the epoch of its owner key and the
 /// lease generation the key was put under.
@@ -328,6 +336,46 @@ impl Cluster {
             ]);
         let deadline = Instant::now() + Duration::from_secs(10);
         self.retrying("release", deadline, || txn.clone()).await?;
+        Ok(())
+    }
+
+    /// Puts `resource`'s in-flight marker back if `epoch` is still its
+    /// owner's; false when it is not.
+    pub async fn mark(
+        &self,
+        resource: &str,
+        epoch: i64,
+        deadline: Instant,
+    ) -> Result<bool, ClusterError> {
+        let owner = self.keys.owner(resource);
+        let txn = Txn::new()
+            .when([Compare::create_revision(owner, CompareOp::Equal, epoch)])
+            .and_then([TxnOp::put(
+                self.keys.owned(resource),
+                self.replica.as_str(),
+                None,
+            )]);
+        Ok(self
+            .retrying("mark", deadline, || txn.clone())
+            .await?
+            .succeeded())
+    }
+
+    /// Deletes the in-flight markers of `quiet` resources, each only if
+    /// its epoch is still its owner's: one transaction per [`UNMARK_BATCH`].
+    pub async fn unmark(&self, quiet: &[(&str, i64)]) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for batch in quiet.chunks(UNMARK_BATCH) {
+            let guarded = batch.iter().map(|(resource, epoch)| {
+                let owner = self.keys.owner(resource);
+                let delete = Txn::new()
+                    .when([Compare::create_revision(owner, CompareOp::Equal, *epoch)])
+                    .and_then([TxnOp::delete(self.keys.owned(resource), None)]);
+                TxnOp::txn(delete)
+            });
+            let txn = Txn::new().and_then(guarded.collect::<Vec<_>>());
+            self.retrying("unmark", deadline, || txn.clone()).await?;
+        }
         Ok(())
     }
 

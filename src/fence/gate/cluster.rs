@@ -58,7 +58,7 @@ impl Gate {
         };
         let acks = c.owning.then(|| Gate::acknowledger(c.clone()));
         if c.owning {
-            self.sweep_idle();
+            self.sweep_idle(c.clone());
         }
         let gate = Arc::downgrade(self);
         let owned_raise = AtomicBool::new(false);
@@ -159,7 +159,7 @@ impl Gate {
         let deadline = tokio::time::Instant::now() + self.wait_bound;
         let slot = self.cached_slot(resource);
         let (reg, hold) = match (kind, object) {
-            (Kind::Write, object) => {
+            (Kind::Write | Kind::Conditioned, object) => {
                 let reg = c.registration(resource, token);
                 let hold = object.map(|o| c.hold_key(o).map(|h| (h, o))).transpose();
                 let unavailable = |e| unavailable(&e);
@@ -198,7 +198,7 @@ impl Gate {
                 if let Some(h) = st.highest.filter(|h| *h > token) {
                     return Err(Refusal::Stale { token, highest: h });
                 }
-                Some(push_entry(&slot, &mut st, token, Some(r), None))
+                Some(push_entry(&slot, &mut st, (token, kind), Some(r), None))
             }
             None => None,
         };

@@ -76,6 +76,11 @@ pub enum Refusal {
     /// admitting (it is tried again).
     #[error("the resource moved to another replica")]
     Moved,
+    /// Cluster mode with owners: the owner's in-flight marker must be put
+    /// back before this write is admitted (`owned.rs`, "Markers"). Never
+    /// leaves the gate: the admission puts it and tries again.
+    #[error("the resource's in-flight marker is being put back")]
+    Unmarked,
 }
 
 /// Whether the admitted request is tracked in flight.
@@ -86,6 +91,19 @@ pub enum Kind {
     /// A read that carries a token: checked, may raise, waits for older
     /// writes to finish, but is not itself tracked.
     Read,
+    /// A write the backend itself refuses once overtaken: it goes with a
+    /// condition on the object as admitted (`fence.conditional_writes`) to
+    /// a backend the probe found honouring it. Admitted as a write; with
+    /// owners, a replica that dies with one in flight leaves its successor
+    /// nothing to wait for (`owned.rs`, "Markers").
+    Conditioned,
+}
+
+impl Kind {
+    /// Whether the request is a write (tracked in flight, holds a permit).
+    pub fn writes(self) -> bool {
+        self != Kind::Read
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +118,9 @@ struct Entry {
     token: u64,
     phase: Phase,
     abort: Arc<AbortSignal>,
+    /// Admitted as [`Kind::Conditioned`]: the backend refuses it once
+    /// overtaken, so it needs no in-flight marker.
+    conditioned: bool,
 }
 
 #[derive(Default)]
@@ -522,7 +543,17 @@ impl Gate {
         let mut st = slot.lock();
         if let Some((c, tenure)) = owner {
             match &mut st.owned {
-                Some(o) if o.tenure == tenure && c.holds(&tenure) => o.touched = true,
+                Some(o) if o.tenure == tenure && c.holds(&tenure) => {
+                    o.touched = true;
+                    // In the same critical section as the entry's push: a
+                    // quiet sweep sees either this write or `busy`.
+                    if kind == Kind::Write {
+                        if !o.marked {
+                            return Some(Err(Refusal::Unmarked));
+                        }
+                        o.busy = true;
+                    }
+                }
                 _ => return Some(Err(Refusal::Moved)),
             }
         }
@@ -538,19 +569,20 @@ impl Gate {
             return Some(Ok(None));
         }
         let tenure = owner.map(|(c, t)| (c.clone(), t));
-        Some(Ok(Some(push_entry(slot, &mut st, token, None, tenure))))
+        let permit = push_entry(slot, &mut st, (token, kind), None, tenure);
+        Some(Ok(Some(permit)))
     }
 }
 
 /// An owner's admission: its cluster and its tenure on the resource.
 type Owner<'a> = (&'a Arc<Cluster>, Tenure);
 
-/// Registers a write of `token` in flight in `slot` (whose state `st` is)
+/// Registers a write of `token` (of `kind`) in flight in `slot` (whose state `st` is)
 /// and returns its permit.
 fn push_entry(
     slot: &Arc<Slot>,
     st: &mut SlotState,
-    token: u64,
+    (token, kind): (u64, Kind),
     shared: Option<Registration>,
     tenure: Option<(Arc<Cluster>, Tenure)>,
 ) -> Permit {
@@ -563,6 +595,7 @@ fn push_entry(
         token,
         phase: Phase::Streaming,
         abort: abort.clone(),
+        conditioned: kind == Kind::Conditioned,
     });
     Permit {
         slot: slot.clone(),

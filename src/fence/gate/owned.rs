@@ -10,6 +10,17 @@
 //! let go (a sweep every [`IDLE_SWEEP`]), as are evicted ones, so that
 //! ownership stays bounded like the slots, and a replica that dies leaves
 //! few resources waiting for its quarantine.
+//!
+//! **Markers.** A resource's `owned/<r>` marker in etcd says that its owner
+//! may have a write in flight: the next owner, finding it without an owner
+//! key, waits out the rest of the quarantine. The take puts it. A quiet
+//! sweep (every [`QUIET_SWEEP`]) deletes it, guarded by the epoch, from a
+//! resource with no write in flight and none admitted since the sweep
+//! before; the next write puts it back before it is admitted (one etcd
+//! request, under the slot's `raising` lock, which the sweep holds too).
+//! So a steady writer costs etcd nothing, and an owner that dies quiet for
+//! a sweep or two leaves no wait. Writes of [`Kind::Conditioned`], which the
+//! backend itself refuses once overtaken, neither need nor keep it.
 
 use super::{Gate, Kind, Owner, Permit, Refusal, Slot};
 use crate::fence::cluster::{Cluster, OwnedRaise, Take, Tenure};
@@ -22,6 +33,10 @@ use tokio::time::Instant;
 /// A resource not admitted for this long (at most twice) is let go.
 pub const IDLE_SWEEP: Duration = Duration::from_secs(5);
 
+/// A resource without a write in flight, or one admitted, for this long
+/// (at most twice) loses its in-flight marker.
+pub const QUIET_SWEEP: Duration = Duration::from_secs(1);
+
 /// This replica's ownership of a slot's resource.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Owned {
@@ -31,6 +46,12 @@ pub(super) struct Owned {
     pub ready_at: Option<Instant>,
     /// Admitted since the last idle sweep.
     pub touched: bool,
+    /// The `owned/<r>` marker may be in etcd: put by the take or by
+    /// [`Gate::mark`]; false from the moment a quiet sweep decides to
+    /// delete it (a write must then put it back first).
+    pub marked: bool,
+    /// A write needing the marker was admitted since the last quiet sweep.
+    pub busy: bool,
 }
 
 /// Forgets `tenure` on `slot`, unless a newer one has replaced it.
@@ -64,6 +85,15 @@ impl Gate {
             };
             match admitted {
                 Err(Refusal::Moved) if Instant::now() < deadline => drop_tenure(&slot, tenure),
+                Err(Refusal::Unmarked) => {
+                    match self.mark(c, &slot, resource, tenure, deadline).await {
+                        Err(Refusal::Moved) if Instant::now() >= deadline => {
+                            return Err(Refusal::Moved);
+                        }
+                        Ok(()) | Err(Refusal::Moved) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
                 other => return other,
             }
         }
@@ -150,6 +180,8 @@ impl Gate {
                         tenure,
                         ready_at: after_death.then(|| Instant::now() + c.expired_hold()),
                         touched: true,
+                        marked: true,
+                        busy: false,
                     });
                 }
                 Take::Theirs(replica, epoch) => {
@@ -169,6 +201,72 @@ impl Gate {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
+        }
+    }
+
+    /// Puts the in-flight marker of `slot`'s resource back, under its
+    /// `raising` lock (a quiet sweep's deletion is then over), guarded by
+    /// `tenure`'s epoch: [`Refusal::Moved`] when the tenure is over.
+    async fn mark(
+        &self,
+        c: &Cluster,
+        slot: &Slot,
+        resource: &str,
+        tenure: Tenure,
+        deadline: Instant,
+    ) -> Result<(), Refusal> {
+        let _g = slot.raising.lock().await;
+        let mine = |o: &Owned| o.tenure == tenure;
+        if slot.lock().owned.is_some_and(|o| mine(&o) && o.marked) {
+            return Ok(());
+        }
+        if !c
+            .mark(resource, tenure.epoch, deadline)
+            .await
+            .map_err(unavailable)?
+        {
+            drop_tenure(slot, tenure);
+            return Err(Refusal::Moved);
+        }
+        if let Some(o) = slot.lock().owned.as_mut().filter(|o| mine(o)) {
+            o.marked = true;
+        }
+        Ok(())
+    }
+
+    /// Deletes the in-flight markers of the resources owned here with no
+    /// write needing one in flight, nor admitted since the sweep before.
+    /// A slot being raised or taken is left for the next sweep.
+    async fn unmark_quiet(&self, c: &Cluster) {
+        let slots: Vec<(String, Arc<Slot>)> = self
+            .slots
+            .iter()
+            .filter(|s| s.value().lock().owned.is_some_and(|o| o.marked))
+            .map(|s| (s.key().clone(), s.value().clone()))
+            .collect();
+        let mut guards = Vec::new();
+        let mut quiet = Vec::new();
+        for (resource, slot) in &slots {
+            let Ok(g) = slot.raising.try_lock() else {
+                continue;
+            };
+            let mut st = slot.lock();
+            let needing = st.inflight.iter().any(|e| !e.conditioned);
+            let Some(o) = st.owned.as_mut() else { continue };
+            if !std::mem::take(&mut o.busy) && !needing && o.marked {
+                // From here a write puts it back first (`try_admit`).
+                o.marked = false;
+                quiet.push((resource.as_str(), o.tenure.epoch));
+                guards.push(g);
+            }
+        }
+        if quiet.is_empty() {
+            return;
+        }
+        // Failed: the markers may still be there, which only makes a
+        // successor wait; the next writes put them back anyway.
+        if let Err(e) = c.unmark(&quiet).await {
+            tracing::debug!("cluster: deleting in-flight markers: {e}");
         }
     }
 
@@ -310,15 +408,20 @@ impl Gate {
         Arc::new(acks)
     }
 
-    /// Cluster mode with owners: lets idle resources go every
-    /// [`IDLE_SWEEP`], for as long as the gate lives.
-    pub(super) fn sweep_idle(self: &Arc<Self>) {
+    /// Cluster mode with owners: deletes quiet resources' markers every
+    /// [`QUIET_SWEEP`] and lets idle resources go every [`IDLE_SWEEP`],
+    /// for as long as the gate lives.
+    pub(super) fn sweep_idle(self: &Arc<Self>, c: Arc<Cluster>) {
         let gate = Arc::downgrade(self);
+        let every = (IDLE_SWEEP.as_millis() / QUIET_SWEEP.as_millis()).max(1);
         tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(IDLE_SWEEP).await;
+            for n in 1u128.. {
+                tokio::time::sleep(QUIET_SWEEP).await;
                 let Some(gate) = gate.upgrade() else { return };
-                gate.release_idle();
+                if n % every == 0 {
+                    gate.release_idle();
+                }
+                gate.unmark_quiet(&c).await;
             }
         });
     }
