@@ -316,6 +316,10 @@ impl Proxy {
         // future of several KB, and unboxed they would size (and have
         // hyper move) every request's future.
         let (head, incoming) = req.into_parts();
+        if head.headers.contains_key(to_owner::PING) && self.peers.is_some() {
+            (ctx.op, ctx.decision) = ("Ping", "answered");
+            return Ok(Response::new(full(Bytes::new())));
+        }
         let query = self.check_head(&head)?;
         if head.method == http::Method::OPTIONS {
             return Box::pin(self.preflight(ctx, &head)).await;

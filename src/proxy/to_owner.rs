@@ -24,6 +24,15 @@
 //! answering (paused) while it holds a forwarded request: the request is
 //! answered `503 SlowDown` when the owner's lease ends (it can no longer
 //! admit it), and the client's retry goes to the next owner.
+//!
+//! An owner that keeps its lease but that this replica cannot reach (a
+//! partition between replicas only) would hold a forwarded request for as
+//! long as it lasts. So a forward not answered within [`PING_AFTER`] pings
+//! the owner on a connection of its own ([`PING`]), again every
+//! [`PING_AFTER`]; a ping not answered within [`PING_WAIT`] ends the wait:
+//! `502` (the owner may have had the whole request, so its outcome is
+//! unknown), or `503` when nothing was sent. An owner that is only slow
+//! (a large body, a slow backend) answers its pings, and its forwards go on.
 
 use super::{Fenced, Proxy, RequestCtx};
 use crate::body::ProxyBody;
@@ -46,6 +55,17 @@ use tokio::time::Instant;
 
 /// The header a request forwarded by a replica carries (its name).
 pub const FORWARDED: &str = "x-fencegate-forwarded";
+
+/// The header of a replica's ping of another (`GET /`), answered `200` at
+/// once, before authentication: it says only that the replica answers.
+pub const PING: &str = "x-fencegate-ping";
+
+/// How long a forward waits for its answer before it pings the owner,
+/// and between pings.
+pub const PING_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a ping may take before the owner counts as unreachable.
+pub const PING_WAIT: Duration = Duration::from_secs(2);
 
 /// The largest body a forwarder reads whole, so that it can send the
 /// request again when its owner moved (a few writes in flight at an
@@ -277,7 +297,9 @@ impl Proxy {
         let pool = peers.pool(&url)?;
         let replay = body.replay();
         let mut body = Some(body);
+        let built = std::sync::atomic::AtomicBool::new(false);
         let build = || {
+            built.store(true, std::sync::atomic::Ordering::Relaxed);
             let mut headers = head.headers.clone();
             let me = format!("{} {epoch}", c.replica_name());
             let me = HeaderValue::from_str(&me).expect("hex name and digits");
@@ -292,6 +314,14 @@ impl Proxy {
         let sent = tokio::select! {
             sent = pool.send_when_connected(build) => sent,
             () = c.gone(owner) => return Err(self.gone(&resource, owner)),
+            why = unanswered(&pool, &url) => {
+                self.gate.forget_owner(&resource);
+                let why = format!("replica {owner}, which owns {resource}, {why}");
+                return Err(match built.load(std::sync::atomic::Ordering::Relaxed) {
+                    true => S3Error::BadGateway(format!("{why}; the request's outcome is unknown")),
+                    false => S3Error::SlowDown(why),
+                });
+            }
         };
         match sent {
             Ok(mut resp) => {
@@ -356,6 +386,31 @@ impl Proxy {
             "replica {owner}, which owned {resource}, stopped answering and its lease ended: \
              it cannot admit this request any more"
         ))
+    }
+}
+
+/// Resolves once the replica at `url` stops answering: pings it on a
+/// connection of its own every [`PING_AFTER`], each allowed [`PING_WAIT`].
+/// Says why.
+async fn unanswered(pool: &Pool, url: &str) -> String {
+    loop {
+        tokio::time::sleep(PING_AFTER).await;
+        let mut ping = Request::new(
+            http_body_util::Empty::new()
+                .map_err(|n| match n {})
+                .boxed_unsync(),
+        );
+        *ping.uri_mut() = http::Uri::from_static("/");
+        if let Ok(host) = HeaderValue::from_str(url.split("://").last().unwrap_or(url)) {
+            ping.headers_mut().insert(http::header::HOST, host);
+        }
+        ping.headers_mut()
+            .insert(PING, HeaderValue::from_static("1"));
+        match tokio::time::timeout(PING_WAIT, pool.send_fresh(ping)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return format!("stopped answering ({e})"),
+            Err(_) => return format!("did not answer a ping within {} s", PING_WAIT.as_secs()),
+        }
     }
 }
 

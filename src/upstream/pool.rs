@@ -114,6 +114,17 @@ impl Pool {
         }
     }
 
+    /// Sends `req` on a connection of its own, closed after the answer's
+    /// head: whether the other end answers at all now, whatever the kept
+    /// connections are stuck on.
+    pub async fn send_fresh(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, Error> {
+        let mut sender = self.connect().await?;
+        Ok(sender.send_request(req).await?)
+    }
+
     /// The most recently used ready connection, if any; drops closed and
     /// expired ones on the way. The lock covers a scan of the list.
     fn checkout(&self) -> Option<Sender> {
