@@ -19,11 +19,8 @@
 //!   without a wait;
 //! - a write forwarded to an owner that let its resource go is routed
 //!   again, not refused;
-//! - an owner stopped with SIGTERM hands its resources over with no wait;
-//! - an owner killed while its resource is quiet leaves no wait, one killed
-//!   just after a write leaves the quarantine, and with
-//!   `fence.conditional_writes` on a store that honours them (moto) one
-//!   killed with a write in flight leaves no wait either.
+//! - an owner stopped with SIGTERM hands its resources over with no wait
+//!   (an owner killed: `tests/cluster_takeover.rs`).
 //!
 //! The owner killed, paused past its lease, or cut off from etcd with a
 //! write admitted locally are `tests/cluster.rs`'s tests: the first write
@@ -37,7 +34,7 @@ use common::fencegate::Fencegate;
 use common::http_call;
 use common::raw::{RawClient, RawRequest, RawResponse};
 use common::replicas::{
-    ADMIN, NO_HOLD, TTL_MS, cluster_toml, ready_status, replica_full, replica_with, replicas,
+    ADMIN, NO_HOLD, TTL_MS, cluster_toml, ready_status, replica_with, replicas,
 };
 use std::sync::Arc;
 
@@ -521,161 +518,58 @@ async fn an_owner_stopped_with_sigterm_hands_over_without_a_wait() {
     assert_eq!(be.object("demo", "handover").as_deref(), Some(&b"v4"[..]));
 }
 
-/// A quarantine far past the tests' patience: a successor that waited it
-/// out would answer 503 to the end.
-const LONG_QUARANTINE: &str = "admission_wait_ms = 3000\nquarantine_ms = 600000\n";
-
-/// Waits (up to 20 s) until `replica` has made `at_least` etcd requests
-/// of kind `op`.
-async fn wait_etcd_op(fg: &Fencegate, op: &str, at_least: f64) {
-    let name = format!("fencegate_etcd_requests_total{{op=\"{op}\"}}");
-    for _ in 0..200 {
-        if metric(fg, &name).await >= at_least {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("replica made fewer than {at_least} {op} requests in 20 s");
-}
-
-/// Waits (up to 30 s) until the admin API's `url` answers with `needle`.
-async fn admin_says(url: &str, needle: &str) {
-    let mut last = String::new();
-    for _ in 0..300 {
-        last = http_call("GET", url, None, None).await.1;
-        if last.contains(needle) {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("{url} never answered with {needle}: {last}");
-}
-
-/// Sends what `req` makes until it is not answered 503, for up to 30 s
-/// (the dead owner's lease expires within that; its quarantine does not).
-async fn write_through_a_takeover(raw: &RawClient, req: impl Fn() -> RawRequest) -> RawResponse {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let r = raw.send(req()).await.unwrap();
-        if r.status != 503 || std::time::Instant::now() > until {
-            return r;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
-
-/// Two replicas with [`LONG_QUARANTINE`] on `backend`, and a client of each.
-fn two_patient(
-    backend: &common::fencegate::Backend,
-    etcd: &EtcdCluster,
-) -> (Vec<Fencegate>, RawClient, RawClient) {
-    let fg: Vec<_> = (0..2)
-        .map(|_| replica_with(backend, &etcd.endpoints_toml(), LONG_QUARANTINE, TTL_MS))
-        .collect();
-    let (a, b) = (
-        RawClient::new(&fg[0].endpoint()),
-        RawClient::new(&fg[1].endpoint()),
+/// A forward waits for as long as its owner answers, and no longer: an
+/// owner slow to answer (its backend holds the write) but answering its
+/// pings keeps the forward, while one its peers cannot reach any more (a
+/// partition between replicas; it keeps its lease) is given up within
+/// seconds, `502` since it may have had the request, rather than held for
+/// as long as the partition lasts.
+#[tokio::test]
+async fn a_forward_is_given_up_when_its_owner_stops_answering_pings() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    // A is reached by its peers through a relay the test freezes.
+    let relay = common::relay::Relay::start("127.0.0.1:9");
+    let behind = format!("{}\nadvertise = \"{}\"", etcd.endpoints_toml(), relay.url());
+    let a = replica_with(&backend, &behind, "admission_wait_ms = 8000\n", TTL_MS);
+    relay.set_target(&a.s3.to_string());
+    let b = replica_with(
+        &backend,
+        &etcd.endpoints_toml(),
+        "admission_wait_ms = 8000\n",
+        TTL_MS,
     );
-    (fg, a, b)
-}
+    let (ra, rb) = (
+        RawClient::new(&a.endpoint()),
+        Arc::new(RawClient::new(&b.endpoint())),
+    );
+    let put = |t: u64| RawRequest::put("/demo/cut", format!("v{t}")).token(t);
+    assert_eq!(ra.send(put(3)).await.unwrap().status, 200);
 
-/// An owner killed once its resource is quiet (its in-flight marker
-/// deleted) has nothing that could still land: the next writer, at
-/// another replica, takes the resource as soon as the dead owner's lease
-/// ends, without the quarantine.
-#[tokio::test]
-async fn an_owner_killed_while_quiet_is_replaced_without_the_quarantine() {
-    let etcd = EtcdCluster::start();
-    let be = TestBackend::start().await;
-    let (mut fg, a, b) = two_patient(&be.as_fencegate_backend(), &etcd);
-    let put = |t: u64| RawRequest::put("/demo/quiet", format!("v{t}")).token(t);
-    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
-    wait_etcd_op(&fg[0], "unmark", 1.0).await;
-    fg[0].kill9();
-    let r = write_through_a_takeover(&b, || put(4)).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(be.object("demo", "quiet").as_deref(), Some(&b"v4"[..]));
-}
-
-/// An owner killed right after a write, before a quiet sweep could delete
-/// its marker, may still have had that write in flight: the next owner
-/// waits out the quarantine, and answers 503 meanwhile.
-#[tokio::test]
-async fn an_owner_killed_right_after_a_write_leaves_the_quarantine() {
-    let etcd = EtcdCluster::start();
-    let be = TestBackend::start().await;
-    let (mut fg, a, b) = two_patient(&be.as_fencegate_backend(), &etcd);
-    let put = |t: u64| RawRequest::put("/demo/busy", format!("v{t}")).token(t);
-    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
-    fg[0].kill9();
-    let r = write_through_a_takeover(&b, || put(4)).await;
-    assert_eq!(r.status, 503, "{}", r.body);
-    assert!(r.body.contains("still finishing"), "{}", r.body);
-    assert_eq!(be.object("demo", "busy").as_deref(), Some(&b"v3"[..]));
-}
-
-/// With `fence.conditional_writes` on a store that honours conditions
-/// (moto), a PUT goes with a condition on the object as admitted, so the
-/// store refuses it once overtaken: an owner killed with one in flight
-/// leaves no quarantine, and the next writer elsewhere takes the resource
-/// as soon as the dead owner's lease ends.
-#[tokio::test]
-async fn with_store_conditions_an_owner_killed_mid_write_leaves_no_quarantine() {
-    let etcd = EtcdCluster::start();
-    let moto = common::moto::Moto::start();
-    let direct = common::sdk_as(&moto.endpoint, common::moto::KEY, common::moto::SECRET);
-    // The bucket first: the probe writes in it at start-up.
-    common::ensure_bucket(&direct, "demo").await;
-    let fence = format!("{LONG_QUARANTINE}conditional_writes = true\n");
-    let probe = "probe_conditions = true\nprobe_bucket = \"demo\"\n";
-    let mut fg: Vec<_> = (0..2)
-        .map(|_| {
-            replica_full(
-                &moto.backend(),
-                probe,
-                &etcd.endpoints_toml(),
-                &fence,
-                TTL_MS,
-            )
-        })
-        .collect();
-    for f in &fg {
-        let url = format!("http://{}/readyz", f.admin);
-        admin_says(&url, "\"if_match\":true").await;
-    }
-    let a = std::sync::Arc::new(RawClient::new(&fg[0].endpoint()));
-    let b = RawClient::new(&fg[1].endpoint());
-    let put = |t: u64| RawRequest::put("/demo/cond", format!("v{t}")).token(t);
-    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
-    // Conditioned writes keep no marker: the take's goes at a quiet sweep.
-    wait_etcd_op(&fg[0], "unmark", 1.0).await;
-
-    // Token 4 admitted at A, its body half sent, when A is killed.
-    let (tx, source) = common::raw::Source::channel(8);
-    let mut req = RawRequest::new(http::Method::PUT, "/demo/cond").token(4);
-    req.body = Some(source);
-    let pending = tokio::spawn({
-        let a = a.clone();
-        async move { a.send(req).await }
+    // Slow: the backend holds 4 for 5 s, through several pings.
+    be.stall_after_body(4);
+    let slow = tokio::spawn({
+        let rb = rb.clone();
+        async move { rb.send(put(4)).await }
     });
-    tx.send(bytes::Bytes::from_static(b"half")).await.unwrap();
-    let url = format!("http://{}/fences/demo%2Fcond", fg[1].admin);
-    admin_says(&url, "\"highest\":4").await;
-    fg[0].kill9();
-    drop(tx);
-    let _ = pending.await;
-
-    let r = write_through_a_takeover(&b, || put(5)).await;
+    be.wait_body_complete(4).await;
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    be.release(4);
+    let r = slow.await.unwrap().unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
-    let got = direct
-        .get_object()
-        .bucket("demo")
-        .key("cond")
-        .send()
-        .await
-        .unwrap();
+    assert_eq!(metric(&b, "fencegate_cluster_forwarded_total").await, 1.0);
+
+    // Cut off from its peers: answered, not held.
+    relay.freeze(true);
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(60), rb.send(put(5))).await;
+    let r = answer.expect("no answer within 60 s").unwrap();
     assert_eq!(
-        got.body.collect().await.unwrap().into_bytes().as_ref(),
-        b"v5"
+        (r.status, r.code()),
+        (502, Some("BadGateway")),
+        "{}",
+        r.body
     );
+    assert!(r.body.contains("did not answer a ping"), "{}", r.body);
+    assert!(!be.started(5));
 }
