@@ -123,6 +123,7 @@ fn arm(
         faults,
         hist: Arc::new(History::new(start)),
         seed,
+        attempts: 1,
     })
 }
 

@@ -2,13 +2,21 @@
 //! "Cluster mode"): writers on etcd locks append to log objects in Garage
 //! through `scripts/balancer` (nginx, round robin) in front of three
 //! fencegate replicas, while replicas are killed (`kill -9`, then started
-//! again) and paused (`SIGSTOP` for up to 3 s, past their 2 s lease) at
-//! random.
+//! again), paused (`SIGSTOP` for up to 3 s, past their 2 s lease) or cut
+//! off (issue #43) at random. A cut-off replica still reaches its clients
+//! and the backend; relays that stop moving bytes without closing anything
+//! stand on its paths to the three etcd members and on the path its peers
+//! forward to it by (its `advertise` address); a cut freezes the first,
+//! the second, or both.
 //!
-//! Two arms side by side, with the same faults: `cluster`, whose replicas
+//! Three arms side by side, with the same faults: `cluster`, whose replicas
 //! share their fences through a 3-member etcd, must show no violation;
 //! `control`, the same replicas each with its own fence file, must show
-//! some, or the run proves nothing.
+//! some, or the run proves nothing; `single`, one fencegate on its own
+//! fence file, killed and paused whenever a replica is, must show none and
+//! is what a cluster's availability is weighed against. Writers retry a 503
+//! as the SDKs' standard mode does (three attempts in all); each arm's
+//! summary gives the share of requests that succeeded.
 //!
 //! - `cluster_short_run`: 60 s with twice the writer faults, part of the
 //!   suite.
@@ -32,6 +40,7 @@ mod workload;
 use common::etcd::{Etcd, EtcdCluster};
 use common::fencegate::{DEMO_KEY, DEMO_SECRET, Fencegate};
 use common::garage::Garage;
+use common::relay::Relay;
 use faults::{FaultConfig, Hop};
 use history::History;
 use rand::rngs::StdRng;
@@ -91,18 +100,49 @@ impl Drop for Balancer {
 }
 
 /// One arm's replicas, each behind a hop whose address stays put across
-/// restarts, and the balancer over the hops.
+/// restarts, and the balancer over the hops. A cluster arm's replicas also
+/// reach etcd through relays of their own (`etcd[i]`, one per member) and
+/// are reached by their peers through `peer[i]`, both frozen to cut the
+/// replica off.
 struct Replicas {
     fgs: Vec<Arc<Mutex<Fencegate>>>,
     hops: Vec<Arc<Hop>>,
+    etcd: Vec<Vec<Relay>>,
+    peer: Vec<Relay>,
     balancer: Balancer,
 }
 
-async fn replicas(garage: &Garage, toml: &str, seed: u64) -> Replicas {
-    let mut fgs = Vec::new();
-    let mut hops = Vec::new();
-    for i in 0..REPLICAS {
-        let fg = Fencegate::start(garage.backend(), toml);
+/// Starts `n` replicas of `toml` (plus, with `fences`, each one's
+/// `[cluster]` table over relays) behind hops and a balancer.
+async fn replicas(
+    garage: &Garage,
+    toml: &str,
+    fences: Option<&EtcdCluster>,
+    n: usize,
+    seed: u64,
+) -> Replicas {
+    let (mut fgs, mut hops, mut etcd, mut peer) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let mut config = toml.to_string();
+        if let Some(fences) = fences {
+            let relays: Vec<Relay> = (0..3)
+                .map(|m| Relay::start(fences.endpoint(m).trim_start_matches("http://")))
+                .collect();
+            let to_peer = Relay::start("127.0.0.1:9");
+            let urls: Vec<String> = relays.iter().map(|r| format!("\"{}\"", r.url())).collect();
+            config += &format!(
+                "\n[cluster]\netcd_endpoints = [{}]\nadvertise = \"{}\"\nprefix = \"torture/\"\nreplica_ttl_ms = {}\n",
+                urls.join(", "),
+                to_peer.url(),
+                settings().ttl_ms
+            );
+            etcd.push(relays);
+            peer.push(to_peer);
+        }
+        let fg = Fencegate::start(garage.backend(), &config);
+        if let Some(p) = peer.last() {
+            p.set_target(&fg.s3.to_string());
+        }
         let hop = Hop::start(fg.s3, FaultConfig::none(), seed ^ (i as u64 + 10)).await;
         fgs.push(Arc::new(Mutex::new(fg)));
         hops.push(Arc::new(hop));
@@ -112,45 +152,134 @@ async fn replicas(garage: &Garage, toml: &str, seed: u64) -> Replicas {
     Replicas {
         fgs,
         hops,
+        etcd,
+        peer,
         balancer,
     }
 }
 
-/// Kills (and restarts) or pauses a random replica of every arm, the same
-/// choice in each, every `every_ms`. Returns (kills, pauses) per arm.
+impl Replicas {
+    /// `kill -9` of replica `i`, started again behind its hop and relay.
+    async fn kill9(&self, i: usize) {
+        let addr = faults::kill9_behind(&self.fgs[i], &self.hops[i]).await;
+        if let Some(p) = self.peer.get(i) {
+            p.set_target(&addr.to_string());
+        }
+    }
+
+    /// Cuts replica `i` off from etcd and/or from its peers (`on`), or
+    /// joins it again (`!on`). Nothing happens to an arm without relays.
+    fn cut(&self, i: usize, (etcd, peers): (bool, bool), on: bool) {
+        for r in self.etcd.get(i).into_iter().flatten().filter(|_| etcd) {
+            r.freeze(on);
+        }
+        if let Some(p) = self.peer.get(i).filter(|_| peers) {
+            p.freeze(on);
+        }
+    }
+}
+
+/// The fault counts of a run, per arm.
+#[derive(Default, Debug)]
+struct Chaos {
+    kills: u32,
+    pauses: u32,
+    partitions: u32,
+}
+
+/// Every `every_ms`, one fault on a random replica of every arm, the same
+/// choice in each: a `kill -9` (started again), a pause of 0.5-3 s, or a
+/// partition of 3-8 s from etcd, from its peers, or from both, for the
+/// arms that have them.
 async fn chaos(
     arms: Vec<(Arc<Replicas>, Arc<History>)>,
     every_ms: (u64, u64),
     seed: u64,
     mut stop: watch::Receiver<bool>,
-) -> (u32, u32) {
+) -> Chaos {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x0063_6861_6f73);
-    let (mut kills, mut pauses) = (0, 0);
+    let mut done = Chaos::default();
     loop {
         let wait = Duration::from_millis(rng.random_range(every_ms.0..=every_ms.1));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = stop.wait_for(|s| *s) => return (kills, pauses),
+            _ = stop.wait_for(|s| *s) => return done,
         }
-        let i = rng.random_range(0..REPLICAS);
-        if rng.random_bool(0.5) {
-            for (r, hist) in &arms {
-                hist.event(format!("kill9 replica {i}"));
-                faults::kill9_behind(&r.fgs[i], &r.hops[i]).await;
+        let fault = rng.random_range(0..3);
+        let pick = rng.random_range(0..REPLICAS);
+        // An arm of fewer replicas (the single node) takes the same fault.
+        let of = |r: &Replicas| pick % r.fgs.len();
+        match fault {
+            0 => {
+                for (r, hist) in &arms {
+                    hist.event(format!("kill9 replica {}", of(r)));
+                    r.kill9(of(r)).await;
+                }
+                done.kills += 1;
             }
-            kills += 1;
-        } else {
-            let pause = Duration::from_millis(rng.random_range(500..=3_000));
-            for (r, hist) in &arms {
-                hist.event(format!("pause replica {i} for {} ms", pause.as_millis()));
-                r.fgs[i].lock().unwrap().signal("STOP");
+            1 => {
+                let pause = Duration::from_millis(rng.random_range(500..=3_000));
+                for (r, hist) in &arms {
+                    hist.event(format!(
+                        "pause replica {} for {} ms",
+                        of(r),
+                        pause.as_millis()
+                    ));
+                    r.fgs[of(r)].lock().unwrap().signal("STOP");
+                }
+                tokio::time::sleep(pause).await;
+                for (r, _) in &arms {
+                    r.fgs[of(r)].lock().unwrap().signal("CONT");
+                }
+                done.pauses += 1;
             }
-            tokio::time::sleep(pause).await;
-            for (r, _) in &arms {
-                r.fgs[i].lock().unwrap().signal("CONT");
+            _ => {
+                let cut = Duration::from_millis(rng.random_range(3_000..=8_000));
+                let (etcd, peers) =
+                    [(true, false), (false, true), (true, true)][rng.random_range(0..3)];
+                let from = match (etcd, peers) {
+                    (true, false) => "etcd",
+                    (false, _) => "its peers",
+                    _ => "etcd and its peers",
+                };
+                for (r, hist) in arms.iter().filter(|(r, _)| !r.etcd.is_empty()) {
+                    hist.event(format!(
+                        "cut replica {} off from {from} for {} ms",
+                        of(r),
+                        cut.as_millis()
+                    ));
+                    r.cut(of(r), (etcd, peers), true);
+                }
+                tokio::time::sleep(cut).await;
+                for (r, _) in &arms {
+                    r.cut(of(r), (etcd, peers), false);
+                }
+                done.partitions += 1;
             }
-            pauses += 1;
         }
+    }
+}
+
+/// The fence settings of a run: the short ones by default (a killed
+/// replica's resources reopen within seconds), fencegate's own defaults
+/// with `TORTURE_DEFAULTS=1`.
+struct Settings {
+    fence: &'static str,
+    ttl_ms: u64,
+}
+
+fn settings() -> Settings {
+    match std::env::var("TORTURE_DEFAULTS").as_deref() {
+        Ok("1") => Settings {
+            fence: "",
+            ttl_ms: 5000,
+        },
+        // A short barrier bound and quarantine (Garage applies a PUT it
+        // has at once).
+        _ => Settings {
+            fence: "[fence]\nadmission_wait_ms = 3000\nquarantine_ms = 3000\n",
+            ttl_ms: 2000,
+        },
     }
 }
 
@@ -177,31 +306,50 @@ fn arm(
         },
         hist: Arc::new(History::new(start)),
         seed,
+        attempts: 3,
     })
 }
 
-/// Sets up both arms, runs them under `budget` with the chaos schedule,
+/// The three arms' results.
+struct Results {
+    cluster: ArmResult,
+    control: ArmResult,
+    single: ArmResult,
+}
+
+/// Sets up the arms, runs them under `budget` with the chaos schedule,
 /// and judges them.
 /// `fault_p`: each writer's chance per round of a stall, and per lock
-/// session of losing it (the same in both arms).
-async fn run_arms(
-    budget: Budget,
-    (seed, fault_p): (u64, f64),
-    stem: &str,
-) -> (ArmResult, ArmResult) {
+/// session of losing it (the same in every arm).
+async fn run_arms(budget: Budget, (seed, fault_p): (u64, f64), stem: &str) -> Results {
     let locks = Etcd::start();
     let fences = EtcdCluster::start();
     let garage = Garage::start();
-    let rules = shared_rules("demo", "fenced/", MULTIS) + &shared_rules("demo", "control/", MULTIS);
-    // A short barrier bound and quarantine, so that a killed replica's
-    // resources reopen within seconds (Garage applies a PUT it has at once).
-    let fence = "[fence]\nadmission_wait_ms = 3000\nquarantine_ms = 3000\n";
-    let shared = format!(
-        "{fence}\n[cluster]\netcd_endpoints = {}\nprefix = \"torture/\"\nreplica_ttl_ms = 2000\n\n{rules}",
-        fences.endpoints_toml()
+    let rules = shared_rules("demo", "fenced/", MULTIS)
+        + &shared_rules("demo", "control/", MULTIS)
+        + &shared_rules("demo", "single/", MULTIS);
+    let fence = settings().fence;
+    let cluster = Arc::new(
+        replicas(
+            &garage,
+            &format!("{fence}\n{rules}"),
+            Some(&fences),
+            REPLICAS,
+            seed,
+        )
+        .await,
     );
-    let cluster = Arc::new(replicas(&garage, &shared, seed).await);
-    let control = Arc::new(replicas(&garage, &format!("{fence}\n{rules}"), seed ^ 1).await);
+    let control = Arc::new(
+        replicas(
+            &garage,
+            &format!("{fence}\n{rules}"),
+            None,
+            REPLICAS,
+            seed ^ 1,
+        )
+        .await,
+    );
+    let single = Arc::new(replicas(&garage, &format!("{fence}\n{rules}"), None, 1, seed ^ 2).await);
     common::ensure_bucket(&common::sdk(&cluster.balancer.endpoint()), "demo").await;
     let start = Instant::now();
     let arms = [
@@ -221,12 +369,21 @@ async fn run_arms(
             (seed ^ 1, fault_p),
             start,
         ),
+        arm(
+            "single",
+            "single/",
+            &single.balancer,
+            &locks,
+            (seed ^ 2, fault_p),
+            start,
+        ),
     ];
     let (stop_tx, stop_rx) = watch::channel(false);
     let chaos = tokio::spawn(chaos(
         vec![
             (cluster.clone(), arms[0].hist.clone()),
             (control.clone(), arms[1].hist.clone()),
+            (single.clone(), arms[2].hist.clone()),
         ],
         (3_000, 8_000),
         seed,
@@ -234,18 +391,29 @@ async fn run_arms(
     ));
     drive(&arms, budget, None, seed).await;
     stop_tx.send_replace(true);
-    let (kills, pauses) = chaos.await.unwrap();
+    let faults = chaos.await.unwrap();
     println!(
-        "cluster torture: {}s, per arm {kills} kill -9 and {pauses} pauses of a replica",
-        start.elapsed().as_secs()
+        "cluster torture: {}s, per arm {} kill -9, {} pauses and {} partitions (cluster arm) of a replica",
+        start.elapsed().as_secs(),
+        faults.kills,
+        faults.pauses,
+        faults.partitions
     );
     let reader = s3_client(&garage.endpoint, &garage.key_id, &garage.secret, "garage");
-    let fenced = judge(&arms[0], &reader, stem).await;
-    let unfenced = judge(&arms[1], &reader, stem).await;
-    (fenced, unfenced)
+    Results {
+        cluster: judge(&arms[0], &reader, stem).await,
+        control: judge(&arms[1], &reader, stem).await,
+        single: judge(&arms[2], &reader, stem).await,
+    }
 }
 
-fn verdict(fenced: &ArmResult, control: &ArmResult) {
+fn verdict(
+    Results {
+        cluster: fenced,
+        control,
+        single,
+    }: &Results,
+) {
     // A cluster that refused everything would have no violation either.
     assert!(
         fenced.counts.ok * 2 >= fenced.counts.ops,
@@ -258,6 +426,12 @@ fn verdict(fenced: &ArmResult, control: &ArmResult) {
         "{} violation(s) through the cluster: {:#?}",
         fenced.violations.len(),
         &fenced.violations[..fenced.violations.len().min(20)]
+    );
+    assert!(
+        single.violations.is_empty(),
+        "{} violation(s) through the single node: {:#?}",
+        single.violations.len(),
+        &single.violations[..single.violations.len().min(20)]
     );
     assert!(
         !control.violations.is_empty(),
@@ -280,8 +454,8 @@ async fn cluster_short_run() {
     };
     // Twice the long run's faults: in 60 s the control arm must still show
     // its violations, even on a loaded machine.
-    let (fenced, control) = run_arms(budget, (seed(), 0.08), "cluster-short").await;
-    verdict(&fenced, &control);
+    let results = run_arms(budget, (seed(), 0.08), "cluster-short").await;
+    verdict(&results);
 }
 
 /// ≥ 10,000 requests through the cluster arm (scripts/torture-cluster).
@@ -296,13 +470,19 @@ async fn cluster_long_run() {
         ops,
     };
     let seed = seed();
-    let (fenced, control) = run_arms(budget, (seed, 0.04), "cluster-history").await;
-    let summary = format!("seed={seed}\n{}\n{}\n", fenced.summary(), control.summary());
+    let r = run_arms(budget, (seed, 0.04), "cluster-history").await;
+    let summary = format!(
+        "seed={seed} defaults={}\n{}\n{}\n{}\n",
+        settings().fence.is_empty(),
+        r.cluster.summary(),
+        r.control.summary(),
+        r.single.summary()
+    );
     std::fs::write(run::out_dir().join("cluster-summary.txt"), summary).unwrap();
     assert!(
-        fenced.counts.ops as u64 >= ops,
+        r.cluster.counts.ops as u64 >= ops,
         "only {} requests",
-        fenced.counts.ops
+        r.cluster.counts.ops
     );
-    verdict(&fenced, &control);
+    verdict(&r);
 }

@@ -5,8 +5,8 @@
 //! or congested link), to make what a replica hears from etcd late.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -15,6 +15,7 @@ pub struct Relay {
     pub addr: SocketAddr,
     frozen: watch::Sender<bool>,
     delay_ms: Arc<AtomicU64>,
+    target: Arc<Mutex<String>>,
 }
 
 impl Relay {
@@ -28,7 +29,8 @@ impl Relay {
         let (frozen, rx) = watch::channel(false);
         let delay_ms = Arc::new(AtomicU64::new(0));
         let delay = delay_ms.clone();
-        let target = target.to_string();
+        let target = Arc::new(Mutex::new(target.to_string()));
+        let to = target.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -37,6 +39,7 @@ impl Relay {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(std_listener).unwrap();
                 while let Ok((client, _)) = listener.accept().await {
+                    let target = to.lock().unwrap().clone();
                     let Ok(server) = TcpStream::connect(&target).await else {
                         continue;
                     };
@@ -51,7 +54,14 @@ impl Relay {
             addr,
             frozen,
             delay_ms,
+            target,
         }
+    }
+
+    /// Relays new connections to `target` from now on (a process started
+    /// again on another port).
+    pub fn set_target(&self, target: &str) {
+        *self.target.lock().unwrap() = target.to_string();
     }
 
     /// Holds every chunk this long before passing it on.

@@ -170,7 +170,18 @@ pub struct Counts {
     pub ops: usize,
     pub ok: usize,
     pub refused: usize,
+    /// Of `refused`, the 503s: the service unavailable, not a stale token.
+    pub unavailable: usize,
     pub indeterminate: usize,
+}
+
+impl Counts {
+    /// The share of requests answered other than `503` or not at all (a
+    /// refused stale token is an answer): what the service made available.
+    pub fn available(&self) -> f64 {
+        let failed = self.unavailable + self.indeterminate;
+        1.0 - failed as f64 / self.ops.max(1) as f64
+    }
 }
 
 pub fn counts(ops: &[Op]) -> Counts {
@@ -181,7 +192,10 @@ pub fn counts(ops: &[Op]) -> Counts {
     for o in ops {
         match o.outcome {
             Outcome::Ok => c.ok += 1,
-            Outcome::Refused(_) => c.refused += 1,
+            Outcome::Refused(ref d) => {
+                c.refused += 1;
+                c.unavailable += usize::from(d.starts_with("503"));
+            }
             Outcome::Indeterminate(_) => c.indeterminate += 1,
         }
     }

@@ -102,16 +102,19 @@ pub struct ArmResult {
 }
 
 impl ArmResult {
-    /// `arm=… ops=… ok=… refused=… indeterminate=… violations=…`
+    /// `arm=… ops=… ok=… refused=… (503: …) indeterminate=… available=…%
+    /// violations=…`; `available`: [`Counts::available`].
     pub fn summary(&self) -> String {
         let c = self.counts;
         format!(
-            "arm={} ops={} ok={} refused={} indeterminate={} violations={}",
+            "arm={} ops={} ok={} refused={} (503: {}) indeterminate={} available={:.1}% violations={}",
             self.arm,
             c.ops,
             c.ok,
             c.refused,
+            c.unavailable,
             c.indeterminate,
+            100.0 * c.available(),
             self.violations.len()
         )
     }
@@ -148,11 +151,12 @@ pub async fn judge(arm: &Workload, reader: &aws_sdk_s3::Client, file_stem: &str)
         .sum();
     println!("{}", r.summary());
     println!(
-        "  arm={} writes={writes} final_entries={entries} writer_stalls={} session_losses={} kill9={} violation_kinds: {}",
+        "  arm={} writes={writes} final_entries={entries} writer_stalls={} session_losses={} kill9={} retried_503={} violation_kinds: {}",
         r.arm,
         count("stall"),
         count("session-loss"),
         count("kill9"),
+        count("retry-503"),
         by_kind(&r.violations)
     );
     for v in r.violations.iter().take(5) {

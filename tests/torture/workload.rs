@@ -147,6 +147,11 @@ pub struct Workload {
     pub faults: WriterFaults,
     pub hist: Arc<History>,
     pub seed: u64,
+    /// Requests a 503 answer may take in all (1: no retry). Above 1, a
+    /// request answered 503 is sent again as the SDKs' standard retry
+    /// mode does: the n-th wait is a random part of 2^(n-1) s. The history
+    /// keeps the last attempt (every earlier one was refused).
+    pub attempts: u32,
 }
 
 /// What a holder tells the history about one request.
@@ -304,18 +309,19 @@ impl Workload {
     /// session must end.
     async fn read(&self, r: Req<'_>) -> Option<String> {
         let id = self.hist.next_id();
-        let start_us = self.hist.now_us();
         let token = r.token;
-        let resp = self
-            .s3
-            .get_object()
-            .bucket(&self.bucket)
-            .key(r.key)
-            .customize()
-            .mutate_request(move |q| {
-                q.headers_mut().insert(TOKEN_HEADER, token.to_string());
+        let (start_us, resp) = self
+            .send_retrying(|| {
+                self.s3
+                    .get_object()
+                    .bucket(&self.bucket)
+                    .key(r.key)
+                    .customize()
+                    .mutate_request(move |q| {
+                        q.headers_mut().insert(TOKEN_HEADER, token.to_string());
+                    })
+                    .send()
             })
-            .send()
             .await;
         let got: Result<String, Outcome> = match resp {
             Ok(o) => match o.body.collect().await {
@@ -363,21 +369,47 @@ impl Workload {
         text
     }
 
+    /// Sends what `send` makes, again after a 503 (up to `attempts` in
+    /// all). Returns when the last attempt started, and its answer.
+    async fn send_retrying<T, E, F, Fut>(&self, send: F) -> (u64, Result<T, SdkError<E>>)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, SdkError<E>>>,
+    {
+        let mut attempt = 1;
+        loop {
+            let start_us = self.hist.now_us();
+            let r = send().await;
+            let again =
+                matches!(&r, Err(SdkError::ServiceError(se)) if se.raw().status().as_u16() == 503);
+            if !again || attempt >= self.attempts {
+                return (start_us, r);
+            }
+            let ms = rand::random_range(0..(1000u64 << (attempt - 1)).min(20_000));
+            self.hist
+                .event(format!("retry-503 attempt={attempt} after_ms={ms}"));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            attempt += 1;
+        }
+    }
+
     /// PUT of the whole log with the token; true if acknowledged.
     async fn write(&self, r: Req<'_>, id: u64, body: String) -> bool {
-        let start_us = self.hist.now_us();
         let token = r.token;
-        let resp = self
-            .s3
-            .put_object()
-            .bucket(&self.bucket)
-            .key(r.key)
-            .body(ByteStream::from(body.into_bytes()))
-            .customize()
-            .mutate_request(move |q| {
-                q.headers_mut().insert(TOKEN_HEADER, token.to_string());
+        let body = bytes::Bytes::from(body.into_bytes());
+        let (start_us, resp) = self
+            .send_retrying(|| {
+                self.s3
+                    .put_object()
+                    .bucket(&self.bucket)
+                    .key(r.key)
+                    .body(ByteStream::from(body.clone()))
+                    .customize()
+                    .mutate_request(move |q| {
+                        q.headers_mut().insert(TOKEN_HEADER, token.to_string());
+                    })
+                    .send()
             })
-            .send()
             .await;
         let outcome = match resp {
             Ok(_) => Outcome::Ok,
