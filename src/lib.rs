@@ -112,7 +112,8 @@
 //!   exit, one log event; `admit.rs` is its token and its admission by the
 //!   gate; `to_owner.rs` is the route: the admission here, or the owner's
 //!   answer for a resource another replica owns (cluster mode with
-//!   owners); `outgoing.rs` builds the upstream request, `per_op.rs` adds
+//!   owners), `peers.rs` the other replicas' connections and the pings
+//!   that end forwards to one that stopped answering; `outgoing.rs` builds the upstream request, `per_op.rs` adds
 //!   what an operation needs in one `match`, `forward.rs` does the
 //!   exchange and keeps the
 //!   permits and object hold until the answer is complete, `copy.rs` and

@@ -42,6 +42,7 @@ mod copy;
 mod forward;
 mod multi_delete;
 mod outgoing;
+mod peers;
 mod per_op;
 mod public;
 mod small_body;
@@ -101,8 +102,8 @@ pub struct Proxy {
     /// Debug switch: a session credential's token is not used
     /// (`FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1`), to see its tests fail.
     session_token_ignored: bool,
-    /// Cluster mode with owners: the other replicas (`to_owner.rs`).
-    peers: Option<to_owner::Peers>,
+    /// Cluster mode with owners: the other replicas (`peers.rs`).
+    peers: Option<peers::Peers>,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -201,7 +202,7 @@ impl Proxy {
     ) -> Result<Proxy, String> {
         let stamp_header = cfg.fence.stamp_header().map(|h| header_name(&h));
         let peers = match &cfg.cluster {
-            Some(c) if c.ownership => Some(to_owner::Peers::new(c.peer_ca_file.as_deref())?),
+            Some(c) if c.ownership => Some(peers::Peers::new(c.peer_ca_file.as_deref())?),
             _ => None,
         };
         Ok(Proxy {
@@ -316,7 +317,7 @@ impl Proxy {
         // future of several KB, and unboxed they would size (and have
         // hyper move) every request's future.
         let (head, incoming) = req.into_parts();
-        if head.headers.contains_key(to_owner::PING) && self.peers.is_some() {
+        if head.headers.contains_key(peers::PING) && self.peers.is_some() {
             (ctx.op, ctx.decision) = ("Ping", "answered");
             return Ok(Response::new(full(Bytes::new())));
         }

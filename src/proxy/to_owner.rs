@@ -25,14 +25,10 @@
 //! answered `503 SlowDown` when the owner's lease ends (it can no longer
 //! admit it), and the client's retry goes to the next owner.
 //!
-//! An owner that keeps its lease but that this replica cannot reach (a
-//! partition between replicas only) would hold a forwarded request for as
-//! long as it lasts. So a forward not answered within [`PING_AFTER`] pings
-//! the owner on a connection of its own ([`PING`]), again every
-//! [`PING_AFTER`]; a ping not answered within [`PING_WAIT`] ends the wait:
-//! `502` (the owner may have had the whole request, so its outcome is
-//! unknown), or `503` when nothing was sent. An owner that is only slow
-//! (a large body, a slow backend) answers its pings, and its forwards go on.
+//! An owner that keeps its lease but stops answering its pings
+//! (`peers.rs`; a partition between replicas only) ends the forwards in
+//! flight there: `502` (the owner may have had the whole request, so its
+//! outcome is unknown), or `503` when nothing was sent.
 
 use super::{Fenced, Proxy, RequestCtx};
 use crate::body::ProxyBody;
@@ -42,30 +38,16 @@ use crate::metric_names as m;
 use crate::s3::error::{MOVED, S3Error};
 use crate::s3::op::Operation;
 use crate::upstream::client::UpstreamBody;
-use crate::upstream::pool::Pool;
 use bytes::Bytes;
-use dashmap::DashMap;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// The header a request forwarded by a replica carries (its name).
 pub const FORWARDED: &str = "x-fencegate-forwarded";
-
-/// The header of a replica's ping of another (`GET /`), answered `200` at
-/// once, before authentication: it says only that the replica answers.
-pub const PING: &str = "x-fencegate-ping";
-
-/// How long a forward waits for its answer before it pings the owner,
-/// and between pings.
-pub const PING_AFTER: Duration = Duration::from_secs(1);
-
-/// How long a ping may take before the owner counts as unreachable.
-pub const PING_WAIT: Duration = Duration::from_secs(2);
 
 /// The largest body a forwarder reads whole, so that it can send the
 /// request again when its owner moved (a few writes in flight at an
@@ -85,39 +67,6 @@ impl RequestBody {
             RequestBody::Streaming(b) => crate::s3::body::incoming(b, idle),
             RequestBody::Read(b) => crate::s3::body::read(b),
         }
-    }
-}
-
-/// Connections to the other replicas, one pool per URL.
-pub struct Peers {
-    tls: rustls::ClientConfig,
-    pools: DashMap<String, Arc<Pool>>,
-}
-
-impl Peers {
-    pub fn new(ca: Option<&std::path::Path>) -> Result<Peers, String> {
-        let tls = match crate::tls::client_config_named(ca, "cluster.peer_ca_file") {
-            Ok(tls) => tls,
-            // No system roots and no CA given: fine while the replicas
-            // speak plain HTTP (an https:// peer then fails its handshake).
-            Err(_) if ca.is_none() => crate::tls::client_config_without_roots()?,
-            Err(e) => return Err(e),
-        };
-        Ok(Peers {
-            tls,
-            pools: DashMap::new(),
-        })
-    }
-
-    fn pool(&self, url: &str) -> Result<Arc<Pool>, S3Error> {
-        if let Some(p) = self.pools.get(url) {
-            return Ok(p.clone());
-        }
-        let uri = url
-            .parse()
-            .map_err(|e| S3Error::Internal(format!("replica address {url:?}: {e}")))?;
-        let pool = Arc::new(Pool::new(self.tls.clone(), uri, Duration::from_secs(30)));
-        Ok(self.pools.entry(url.to_string()).or_insert(pool).clone())
     }
 }
 
@@ -294,7 +243,8 @@ impl Proxy {
             self.gate.forget_owner(&resource);
             return pause(body, deadline, || unreached("its lease has ended".into())).await;
         };
-        let pool = peers.pool(&url)?;
+        let peer = peers.get(&url)?;
+        let mut forward = peer.forward();
         let replay = body.replay();
         let mut body = Some(body);
         let built = std::sync::atomic::AtomicBool::new(false);
@@ -312,9 +262,9 @@ impl Proxy {
             req
         };
         let sent = tokio::select! {
-            sent = pool.send_when_connected(build) => sent,
+            sent = peer.pool.send_when_connected(build) => sent,
             () = c.gone(owner) => return Err(self.gone(&resource, owner)),
-            why = unanswered(&pool, &url) => {
+            why = forward.unanswered() => {
                 self.gate.forget_owner(&resource);
                 let why = format!("replica {owner}, which owns {resource}, {why}");
                 return Err(match built.load(std::sync::atomic::Ordering::Relaxed) {
@@ -386,31 +336,6 @@ impl Proxy {
             "replica {owner}, which owned {resource}, stopped answering and its lease ended: \
              it cannot admit this request any more"
         ))
-    }
-}
-
-/// Resolves once the replica at `url` stops answering: pings it on a
-/// connection of its own every [`PING_AFTER`], each allowed [`PING_WAIT`].
-/// Says why.
-async fn unanswered(pool: &Pool, url: &str) -> String {
-    loop {
-        tokio::time::sleep(PING_AFTER).await;
-        let mut ping = Request::new(
-            http_body_util::Empty::new()
-                .map_err(|n| match n {})
-                .boxed_unsync(),
-        );
-        *ping.uri_mut() = http::Uri::from_static("/");
-        if let Ok(host) = HeaderValue::from_str(url.split("://").last().unwrap_or(url)) {
-            ping.headers_mut().insert(http::header::HOST, host);
-        }
-        ping.headers_mut()
-            .insert(PING, HeaderValue::from_static("1"));
-        match tokio::time::timeout(PING_WAIT, pool.send_fresh(ping)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return format!("stopped answering ({e})"),
-            Err(_) => return format!("did not answer a ping within {} s", PING_WAIT.as_secs()),
-        }
     }
 }
 
