@@ -543,17 +543,7 @@ impl Gate {
         let mut st = slot.lock();
         if let Some((c, tenure)) = owner {
             match &mut st.owned {
-                Some(o) if o.tenure == tenure && c.holds(&tenure) => {
-                    o.touched = true;
-                    // In the same critical section as the entry's push: a
-                    // quiet sweep sees either this write or `busy`.
-                    if kind == Kind::Write {
-                        if !o.marked {
-                            return Some(Err(Refusal::Unmarked));
-                        }
-                        o.busy = true;
-                    }
-                }
+                Some(o) if o.tenure == tenure && c.holds(&tenure) => o.touched = true,
                 _ => return Some(Err(Refusal::Moved)),
             }
         }
@@ -567,6 +557,18 @@ impl Gate {
         }
         if kind == Kind::Read {
             return Some(Ok(None));
+        }
+        // In the same critical section as the entry's push: a quiet sweep
+        // sees either this write in flight or `busy`.
+        if let Some(o) = st
+            .owned
+            .as_mut()
+            .filter(|_| kind == Kind::Write && owner.is_some())
+        {
+            if !o.marked {
+                return Some(Err(Refusal::Unmarked));
+            }
+            o.busy = true;
         }
         let tenure = owner.map(|(c, t)| (c.clone(), t));
         let permit = push_entry(slot, &mut st, (token, kind), None, tenure);
