@@ -6,7 +6,9 @@
 //!   deleted) is replaced as soon as its lease ends;
 //! - one killed right after a write leaves the quarantine;
 //! - with `fence.conditional_writes` on a store that honours conditions
-//!   (moto), one killed with a PUT half sent leaves none either;
+//!   (moto), one killed with a PUT half sent leaves none either, unless
+//!   that PUT went with `If-None-Match: *` (its object absent), which a
+//!   delete would not overtake;
 //! - `owner_replacement_times` (ignored) measures the time from the kill
 //!   to the first write accepted elsewhere, in each case, at the default
 //!   settings.
@@ -111,9 +113,10 @@ async fn an_owner_killed_while_quiet_is_replaced_without_the_quarantine() {
 
 /// An owner killed right after a write, before a quiet sweep could delete
 /// its marker, may still have had that write in flight: the next owner
-/// waits out the quarantine, and answers 503 meanwhile. The write comes
-/// after a quiet spell, so it is the marker put back for it that makes
-/// the wait (the take's is gone by then).
+/// waits out the quarantine, and answers 503 meanwhile, even when left
+/// idle past its idle sweeps. The write comes after a quiet spell, so it
+/// is the marker put back for it that makes the wait (the take's is gone
+/// by then).
 #[tokio::test]
 async fn an_owner_killed_right_after_a_write_leaves_the_quarantine() {
     let etcd = EtcdCluster::start();
@@ -127,6 +130,11 @@ async fn an_owner_killed_right_after_a_write_leaves_the_quarantine() {
     let r = write_through_a_takeover(&b, || put(4)).await;
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.body.contains("still finishing"), "{}", r.body);
+    // Left alone past two idle sweeps, B keeps the resource and its wait
+    // (letting it go would drop the marker, and the wait with it).
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let r = b.send(put(4)).await.unwrap();
+    assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(be.object("demo", "busy").as_deref(), Some(&b"v3"[..]));
 }
 
@@ -217,6 +225,34 @@ async fn with_store_conditions_an_owner_killed_mid_write_leaves_no_quarantine() 
         got.body.collect().await.unwrap().into_bytes().as_ref(),
         b"v5"
     );
+}
+
+/// A conditioned PUT whose object was absent goes with `If-None-Match: *`,
+/// which a delete at the next owner would leave true: the store would not
+/// refuse it once overtaken. So it keeps its resource's marker, put back
+/// for it after a quiet spell, and an owner killed with it in flight leaves
+/// the quarantine.
+#[tokio::test]
+async fn with_store_conditions_a_put_if_absent_in_flight_leaves_the_quarantine() {
+    let etcd = EtcdCluster::start();
+    let moto = common::moto::Moto::start();
+    let direct = common::sdk_as(&moto.endpoint, common::moto::KEY, common::moto::SECRET);
+    common::ensure_bucket(&direct, "demo").await;
+    let mut a = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
+    let b = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
+    let ra = Arc::new(RawClient::new(&a.endpoint()));
+    let rb = RawClient::new(&b.endpoint());
+    let delete = RawRequest::new(http::Method::DELETE, "/demo/absent").token(3);
+    assert_eq!(ra.send(delete).await.unwrap().status, 204);
+    wait_etcd_op(&a, "unmark", 1.0).await;
+
+    let (_tx, _pending) = half_sent(&ra, "/demo/absent", 4, b.admin).await;
+    wait_etcd_op(&a, "mark", 1.0).await;
+    a.kill9();
+    let put = |t: u64| RawRequest::put("/demo/absent", format!("v{t}")).token(t);
+    let r = write_through_a_takeover(&rb, || put(5)).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("still finishing"), "{}", r.body);
 }
 
 /// The time from an owner's `kill -9` to the first write its successor

@@ -65,6 +65,28 @@ impl Proxy {
         self.conditional_writes && admitted.fenced.permit.is_some()
     }
 
+    /// A conditioned write is guarded by the store only with `If-Match`:
+    /// with `If-None-Match: *` (its object was absent), a delete after it
+    /// leaves the condition true, so it keeps its resource's in-flight
+    /// marker like any write (`Gate::needs_marker`).
+    /// `sent`: the headers it goes with.
+    async fn guarded_by_its_etag(
+        &self,
+        admitted: &Admitted<'_>,
+        sent: [&http::HeaderMap; 2],
+    ) -> Result<(), S3Error> {
+        let if_match = sent.iter().any(|h| h.contains_key(http::header::IF_MATCH));
+        let (Some(permit), Some(resource)) = (&admitted.fenced.permit, &admitted.fenced.resource)
+        else {
+            return Ok(());
+        };
+        if if_match {
+            return Ok(());
+        }
+        let marked = self.gate.needs_marker(resource, permit).await;
+        marked.map_err(|r| S3Error::from_refusal(r, resource))
+    }
+
     /// Phase 7b (see the module doc).
     pub(super) async fn per_op(
         &self,
@@ -78,11 +100,15 @@ impl Proxy {
         let conditional = self.held_on_backend(admitted);
         match op.op {
             Op::PutObject | Op::CompleteMultipartUpload if conditional => {
-                self.condition_on_current(out, &head.headers, op).await?
+                self.condition_on_current(out, &head.headers, op).await?;
+                self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
+                    .await?;
             }
             Op::CopyObject => {
                 if conditional {
                     self.condition_on_current(out, &head.headers, op).await?;
+                    self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
+                        .await?;
                 }
                 if admitted.fenced.token.is_some() {
                     self.keep_source_metadata(out, &head.headers, op).await?;

@@ -321,19 +321,27 @@ impl Cluster {
         }
     }
 
-    /// Lets `resource` go, if `epoch` is still its owner's.
-    pub async fn release(&self, resource: &str, epoch: i64) -> Result<(), ClusterError> {
+    /// Lets `resource` go, if `epoch` is still its owner's; its in-flight
+    /// marker too, unless `keep_marker` (a dead predecessor's write may
+    /// still land: the next owner must wait again).
+    pub async fn release(
+        &self,
+        resource: &str,
+        epoch: i64,
+        keep_marker: bool,
+    ) -> Result<(), ClusterError> {
         let owner = self.keys.owner(resource);
+        let mut deletes = vec![TxnOp::delete(owner.as_str(), None)];
+        if !keep_marker {
+            deletes.push(TxnOp::delete(self.keys.owned(resource), None));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 owner.as_str(),
                 CompareOp::Equal,
                 epoch,
             )])
-            .and_then([
-                TxnOp::delete(owner, None),
-                TxnOp::delete(self.keys.owned(resource), None),
-            ]);
+            .and_then(deletes);
         let deadline = Instant::now() + Duration::from_secs(10);
         self.retrying("release", deadline, || txn.clone()).await?;
         Ok(())

@@ -134,6 +134,11 @@ struct SlotState {
     /// Cluster mode with owners: the replica that owns it (and its epoch)
     /// when another does, as last seen.
     elsewhere: Option<(String, i64)>,
+    /// Cluster mode with owners: the resource's last owner died with a
+    /// write that may land at the backend until then (the rest of its
+    /// quarantine); nothing newer is admitted before. Kept across this
+    /// replica's tenures, and the slot with it.
+    landing_until: Option<tokio::time::Instant>,
 }
 
 #[derive(Default)]

@@ -22,7 +22,7 @@
 //! a sweep or two leaves no wait. Writes of [`Kind::Conditioned`], which the
 //! backend itself refuses once overtaken, neither need nor keep it.
 
-use super::{Gate, Kind, Owner, Permit, Refusal, Slot};
+use super::{Gate, Kind, Owner, Permit, Refusal, Slot, SlotState};
 use crate::fence::cluster::{Cluster, OwnedRaise, Take, Tenure};
 use crate::metric_names as m;
 use std::sync::Arc;
@@ -41,9 +41,6 @@ pub const QUIET_SWEEP: Duration = Duration::from_secs(1);
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Owned {
     pub tenure: Tenure,
-    /// After a predecessor died owning it: nothing is admitted before
-    /// this (the rest of its quarantine).
-    pub ready_at: Option<Instant>,
     /// Admitted since the last idle sweep.
     pub touched: bool,
     /// The `owned/<r>` marker may be in etcd: put by the take or by
@@ -52,6 +49,12 @@ pub(super) struct Owned {
     pub marked: bool,
     /// A write needing the marker was admitted since the last quiet sweep.
     pub busy: bool,
+}
+
+/// Whether a dead predecessor's write may still land (its quarantine is
+/// not over): then the marker is neither deleted nor released.
+fn landing(st: &SlotState) -> bool {
+    st.landing_until.is_some_and(|at| at > Instant::now())
 }
 
 /// Forgets `tenure` on `slot`, unless a newer one has replaced it.
@@ -138,7 +141,8 @@ impl Gate {
         let slot = self.cached_slot(resource);
         loop {
             if let Some(o) = self.owned_here(c, &slot) {
-                match o.ready_at {
+                let landing = slot.lock().landing_until;
+                match landing {
                     Some(at) if at > Instant::now() => {
                         tokio::time::sleep_until(at.min(deadline)).await;
                         if at > deadline {
@@ -176,9 +180,12 @@ impl Gate {
                     st.highest = st.highest.max(highest);
                     st.loaded = true;
                     st.elsewhere = None;
+                    if after_death {
+                        let until = Instant::now() + c.expired_hold();
+                        st.landing_until = st.landing_until.max(Some(until));
+                    }
                     st.owned = Some(Owned {
                         tenure,
-                        ready_at: after_death.then(|| Instant::now() + c.expired_hold()),
                         touched: true,
                         marked: true,
                         busy: false,
@@ -189,9 +196,12 @@ impl Gate {
                     return Err(Refusal::Elsewhere(replica, epoch));
                 }
                 // Nothing of this replica's in flight there: no write of
-                // the old tenure can land any more.
+                // the old tenure can land any more (a dead predecessor's
+                // still may: its marker stays then).
                 Take::Stale(epoch) if slot.lock().inflight.is_empty() => {
-                    c.release(resource, epoch).await.map_err(unavailable)?;
+                    let keep = landing(&slot.lock());
+                    let released = c.release(resource, epoch, keep).await;
+                    released.map_err(unavailable)?;
                 }
                 Take::Stale(_) | Take::Leaving => {
                     drop(guard);
@@ -234,6 +244,36 @@ impl Gate {
         Ok(())
     }
 
+    /// A write admitted as [`Kind::Conditioned`] that goes to the backend
+    /// with `If-None-Match: *` after all (its object was absent): a delete
+    /// at the next owner would leave that condition true, so the store
+    /// would not refuse it once overtaken. It keeps `resource`'s marker from
+    /// here on like any write, put back first if a sweep took it.
+    pub async fn needs_marker(&self, resource: &str, permit: &Permit) -> Result<(), Refusal> {
+        let Some((c, tenure)) = permit.tenure.clone() else {
+            return Ok(());
+        };
+        {
+            let mut st = permit.slot.lock();
+            let st = &mut *st;
+            let Some(e) = st.inflight.iter_mut().find(|e| e.id == permit.id) else {
+                return Ok(());
+            };
+            e.conditioned = false;
+            match st.owned.as_mut().filter(|o| o.tenure == tenure) {
+                Some(o) if o.marked => {
+                    o.busy = true;
+                    return Ok(());
+                }
+                Some(o) => o.busy = true,
+                None => return Err(Refusal::Moved),
+            }
+        }
+        let deadline = Instant::now() + self.wait_bound;
+        self.mark(&c, &permit.slot, resource, tenure, deadline)
+            .await
+    }
+
     /// Deletes the in-flight markers of the resources owned here with no
     /// write needing one in flight, nor admitted since the sweep before.
     /// A slot being raised or taken is left for the next sweep.
@@ -251,7 +291,7 @@ impl Gate {
                 continue;
             };
             let mut st = slot.lock();
-            let needing = st.inflight.iter().any(|e| !e.conditioned);
+            let needing = landing(&st) || st.inflight.iter().any(|e| !e.conditioned);
             let Some(o) = st.owned.as_mut() else { continue };
             if !std::mem::take(&mut o.busy) && !needing && o.marked {
                 // From here a write puts it back first (`try_admit`).
@@ -336,10 +376,14 @@ impl Gate {
     /// Drops the slots `drop` picks, and lets go of those owned here. The
     /// release is marked in `releasing` under the map's shard lock, so a
     /// take that comes after the slot left waits for it.
+    /// A slot whose resource a dead predecessor's write may still reach
+    /// is kept: what it knows of that is nowhere else here.
     pub(super) fn drop_slots(&self, mut drop: impl FnMut(&Arc<Slot>) -> bool) {
         let mut owned = Vec::new();
         self.slots.retain(|r, s| {
-            if !drop(s) {
+            // Its own statement: `drop` may lock the slot too.
+            let landing_now = landing(&s.lock());
+            if landing_now || !drop(s) {
                 return true;
             }
             if let Some(o) = s.lock().owned {
@@ -352,7 +396,7 @@ impl Gate {
         for (resource, epoch) in owned {
             let (c, releasing) = (c.clone(), self.releasing.clone());
             tokio::spawn(async move {
-                if let Err(e) = c.release(&resource, epoch).await {
+                if let Err(e) = c.release(&resource, epoch, false).await {
                     tracing::warn!("cluster: letting {resource} go: {e}");
                 }
                 releasing.remove(&resource);
@@ -375,13 +419,18 @@ impl Gate {
     /// Lets go of every resource owned here (at shutdown).
     pub async fn release_all(&self) {
         let Some(c) = &self.cluster else { return };
-        let owned: Vec<(String, i64)> = self
+        let owned: Vec<(String, i64, bool)> = self
             .slots
             .iter()
-            .filter_map(|s| Some((s.key().clone(), s.value().lock().owned?.tenure.epoch)))
+            .filter_map(|s| {
+                let st = s.value().lock();
+                Some((s.key().clone(), st.owned?.tenure.epoch, landing(&st)))
+            })
             .collect();
-        for (r, epoch) in owned {
-            if let Err(e) = c.release(&r, epoch).await {
+        // A dead predecessor's write may still land: its marker stays, and
+        // the next owner waits again.
+        for (r, epoch, keep) in owned {
+            if let Err(e) = c.release(&r, epoch, keep).await {
                 tracing::warn!("cluster: letting {r} go at shutdown: {e}");
             }
         }
