@@ -239,7 +239,9 @@ impl Gate {
             return Err(Refusal::Moved);
         }
         if let Some(o) = slot.lock().owned.as_mut().filter(|o| mine(o)) {
-            o.marked = true;
+            // Busy too: the next sweep leaves the marker to the write that
+            // asked for it, which is admitted after this returns.
+            (o.marked, o.busy) = (true, true);
         }
         Ok(())
     }
