@@ -112,7 +112,13 @@ impl Store {
             blobs,
             committer,
         };
-        store.collect_garbage_later(SystemTime::now());
+        // Only files older than a second before the open: a file's time
+        // comes from the kernel's coarse clock, which lags `now()` by up to
+        // a tick, so a blob written just after the open (its record not yet
+        // committed) could look older than the open and be removed under
+        // its record. A blob orphaned in the last second before a restart
+        // is collected at the next start.
+        store.collect_garbage_later(SystemTime::now() - Duration::from_secs(1));
         Ok(store)
     }
 
