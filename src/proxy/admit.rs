@@ -10,7 +10,7 @@ use crate::fence::resource::Fencing;
 use crate::metric_names as m;
 use crate::s3::auth::Verified;
 use crate::s3::error::S3Error;
-use crate::s3::op::{Access, Op, Operation};
+use crate::s3::op::{Access, Operation};
 use crate::s3::query::Param;
 use http::request::Parts;
 use std::sync::Arc;
@@ -86,15 +86,10 @@ impl Proxy {
     }
 
     /// Whether a fenced `op` goes to the backend with a condition on its
-    /// object as admitted, which the backend honours (`per_op.rs`,
-    /// `fence.conditional_writes`): the store then refuses it once
-    /// overtaken.
+    /// object as admitted (`per_op.rs`), which the backend honours: the
+    /// store then refuses it once overtaken.
     fn conditioned_at_backend(&self, op: &Operation) -> bool {
-        let kind = matches!(
-            op.op,
-            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
-        );
-        kind && self.conditional_writes && self.probe.honours_writes()
+        self.conditions_on_backend(op.op) && self.probe.honours_writes()
     }
 
     /// Phase 6: admission through the gate. An unconditional write that

@@ -317,7 +317,7 @@ impl Proxy {
         // future of several KB, and unboxed they would size (and have
         // hyper move) every request's future.
         let (head, incoming) = req.into_parts();
-        if head.headers.contains_key(peers::PING) && self.peers.is_some() {
+        if self.peers.is_some() && head.headers.contains_key(peers::PING) {
             (ctx.op, ctx.decision) = ("Ping", "answered");
             return Ok(Response::new(full(Bytes::new())));
         }

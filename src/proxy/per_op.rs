@@ -52,17 +52,28 @@ impl Proxy {
     /// nothing, and skip its future).
     pub(super) fn per_op_needed(&self, admitted: &Admitted) -> bool {
         match admitted.op.op {
-            Op::PutObject | Op::CompleteMultipartUpload => self.held_on_backend(admitted),
             Op::CopyObject => self.held_on_backend(admitted) || admitted.fenced.token.is_some(),
             Op::CreateBucket | Op::DeleteObjects => true,
-            _ => false,
+            _ => self.held_on_backend(admitted),
         }
+    }
+
+    /// The operations that `fence.conditional_writes` sends with a
+    /// condition on their object as admitted. The gate's
+    /// [`Kind::Conditioned`](crate::fence::gate::Kind) is chosen by the
+    /// same rule (`admit.rs`).
+    pub(super) fn conditions_on_backend(&self, op: Op) -> bool {
+        let per_object = matches!(
+            op,
+            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
+        );
+        per_object && self.conditional_writes
     }
 
     /// Whether a write's condition is made to hold on the backend too
     /// (`fence.conditional_writes`, a fenced write).
     fn held_on_backend(&self, admitted: &Admitted) -> bool {
-        self.conditional_writes && admitted.fenced.permit.is_some()
+        self.conditions_on_backend(admitted.op.op) && admitted.fenced.permit.is_some()
     }
 
     /// A conditioned write is guarded by the store only with `If-Match`:
@@ -97,22 +108,14 @@ impl Proxy {
     ) -> Result<Prepared, S3Error> {
         let exchange = Exchange::of(admitted);
         let op = &admitted.op;
-        let conditional = self.held_on_backend(admitted);
+        if self.held_on_backend(admitted) {
+            self.condition_on_current(out, &head.headers, op).await?;
+            self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
+                .await?;
+        }
         match op.op {
-            Op::PutObject | Op::CompleteMultipartUpload if conditional => {
-                self.condition_on_current(out, &head.headers, op).await?;
-                self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
-                    .await?;
-            }
-            Op::CopyObject => {
-                if conditional {
-                    self.condition_on_current(out, &head.headers, op).await?;
-                    self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
-                        .await?;
-                }
-                if admitted.fenced.token.is_some() {
-                    self.keep_source_metadata(out, &head.headers, op).await?;
-                }
+            Op::CopyObject if admitted.fenced.token.is_some() => {
+                self.keep_source_metadata(out, &head.headers, op).await?;
             }
             Op::CreateBucket => self.create_bucket_body(out).await?,
             Op::DeleteObjects => {
