@@ -191,16 +191,51 @@ async fn half_sent(
     (tx, pending)
 }
 
-#[tokio::test]
-async fn with_store_conditions_an_owner_killed_mid_write_leaves_no_quarantine() {
+/// Two replicas A and B on moto, conditioned ([`conditioned_replica`])
+/// with [`LONG_QUARANTINE`], a client of each, and a client of moto itself.
+struct Conditioned {
+    _etcd: EtcdCluster,
+    moto: common::moto::Moto,
+    direct: aws_sdk_s3::Client,
+    a: Fencegate,
+    b: Fencegate,
+    ra: Arc<RawClient>,
+    rb: RawClient,
+}
+
+async fn two_conditioned() -> Conditioned {
     let etcd = EtcdCluster::start();
     let moto = common::moto::Moto::start();
     let direct = common::sdk_as(&moto.endpoint, common::moto::KEY, common::moto::SECRET);
     common::ensure_bucket(&direct, "demo").await;
-    let mut a = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
+    let a = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
     let b = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
-    let ra = Arc::new(RawClient::new(&a.endpoint()));
-    let rb = RawClient::new(&b.endpoint());
+    let (ra, rb) = (
+        Arc::new(RawClient::new(&a.endpoint())),
+        RawClient::new(&b.endpoint()),
+    );
+    Conditioned {
+        _etcd: etcd,
+        moto,
+        direct,
+        a,
+        b,
+        ra,
+        rb,
+    }
+}
+
+#[tokio::test]
+async fn with_store_conditions_an_owner_killed_mid_write_leaves_no_quarantine() {
+    let Conditioned {
+        _etcd,
+        moto: _moto,
+        direct,
+        mut a,
+        b,
+        ra,
+        rb,
+    } = two_conditioned().await;
     let put = |t: u64| RawRequest::put("/demo/cond", format!("v{t}")).token(t);
     assert_eq!(ra.send(put(3)).await.unwrap().status, 200);
     // Conditioned writes keep no marker: the take's goes at a quiet sweep.
@@ -234,14 +269,15 @@ async fn with_store_conditions_an_owner_killed_mid_write_leaves_no_quarantine() 
 /// the quarantine.
 #[tokio::test]
 async fn with_store_conditions_a_put_if_absent_in_flight_leaves_the_quarantine() {
-    let etcd = EtcdCluster::start();
-    let moto = common::moto::Moto::start();
-    let direct = common::sdk_as(&moto.endpoint, common::moto::KEY, common::moto::SECRET);
-    common::ensure_bucket(&direct, "demo").await;
-    let mut a = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
-    let b = conditioned_replica(&moto, &etcd, LONG_QUARANTINE, TTL_MS).await;
-    let ra = Arc::new(RawClient::new(&a.endpoint()));
-    let rb = RawClient::new(&b.endpoint());
+    let Conditioned {
+        _etcd,
+        moto: _moto,
+        direct: _,
+        mut a,
+        b,
+        ra,
+        rb,
+    } = two_conditioned().await;
     let delete = RawRequest::new(http::Method::DELETE, "/demo/absent").token(3);
     assert_eq!(ra.send(delete).await.unwrap().status, 204);
     wait_etcd_op(&a, "unmark", 1.0).await;
