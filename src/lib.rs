@@ -48,7 +48,8 @@
 //!   replicas. With owners (the default): `owners.rs` takes a resource for
 //!   this replica, raises its fence under the owner's epoch and releases
 //!   it; `peers.rs` puts each replica's address in etcd, for forwarding,
-//!   and notices when a replica's lease ends. Without owners
+//!   and notices when a replica's lease ends; `incarnation.rs` ends what
+//!   the data directory's previous process left in etcd. Without owners
 //!   (`ownership = false`): the admission transaction (`keys.rs`, which
 //!   also names every key), grouped with others (`batch.rs`), and the
 //!   cross-replica wait (`wait.rs`). In both: the replica's lease

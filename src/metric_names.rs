@@ -59,6 +59,9 @@ pub const CLUSTER_LEASE_FRESH: &str = "fencegate_cluster_lease_fresh";
 pub const CLUSTER_TAKES: &str = "fencegate_cluster_takes_total";
 /// Requests this replica forwarded to the owner of their resource.
 pub const CLUSTER_FORWARDED: &str = "fencegate_cluster_forwarded_total";
+/// Cluster mode with owners: per client request sent towards an owner, how
+/// many times it was sent (a histogram: 1 unless ownership moved).
+pub const CLUSTER_FORWARD_SENDS: &str = "fencegate_cluster_forward_sends";
 
 /// Handles of the metrics recorded on every request, each looked up in the
 /// recorder once per process (per thread for `requests`) rather than per

@@ -274,7 +274,7 @@ async fn cluster_gate(
     c: &crate::config::ClusterConfig,
 ) -> Result<Arc<Gate>, StartError> {
     let quarantine = Duration::from_millis(cfg.fence.quarantine_ms);
-    let cluster = crate::fence::cluster::Cluster::start(c, quarantine)
+    let cluster = crate::fence::cluster::Cluster::start(c, quarantine, &cfg.server.data_dir)
         .await
         .map_err(StartError)?;
     let mut gate = Gate::clustered(cluster, cfg.admission_wait());

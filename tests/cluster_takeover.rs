@@ -129,7 +129,7 @@ async fn an_owner_killed_right_after_a_write_leaves_the_quarantine() {
     fg[0].kill9();
     let r = write_through_a_takeover(&b, || put(4)).await;
     assert_eq!(r.status, 503, "{}", r.body);
-    assert!(r.body.contains("still finishing"), "{}", r.body);
+    assert!(r.body.contains("may still land"), "{}", r.body);
     // Left alone past two idle sweeps, B keeps the resource and its wait
     // (letting it go would drop the marker, and the wait with it).
     tokio::time::sleep(std::time::Duration::from_secs(12)).await;
@@ -288,7 +288,7 @@ async fn with_store_conditions_a_put_if_absent_in_flight_leaves_the_quarantine()
     let put = |t: u64| RawRequest::put("/demo/absent", format!("v{t}")).token(t);
     let r = write_through_a_takeover(&rb, || put(5)).await;
     assert_eq!(r.status, 503, "{}", r.body);
-    assert!(r.body.contains("still finishing"), "{}", r.body);
+    assert!(r.body.contains("may still land"), "{}", r.body);
 }
 
 /// The time from an owner's `kill -9` to the first write its successor

@@ -19,6 +19,10 @@ use std::time::Duration;
 /// folded, scrape or not.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
+/// Sends to owners per forwarded request: 1 normally, at most
+/// `proxy::to_owner::MAX_SENDS`.
+const SENDS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 16.0];
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -59,6 +63,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
         CLUSTER_FORWARDED,
         "requests forwarded to the replica owning their resource"
     );
+    describe_histogram!(
+        CLUSTER_FORWARD_SENDS,
+        "per client request forwarded, how many times it was sent to an owner"
+    );
     describe_counter!(
         QUARANTINES,
         "writes with an unknown outcome whose resource was held closed"
@@ -76,6 +84,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
 pub fn builder() -> Result<PrometheusBuilder, String> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(CLUSTER_FORWARD_SENDS.into()), SENDS_BUCKETS)
+        })
         .map_err(|e| e.to_string())
 }
 

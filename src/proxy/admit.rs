@@ -128,6 +128,12 @@ impl Proxy {
             (None, Kind::Read) => return Ok(none),
             (None, _) => return Err(S3Error::MissingFencingToken(resource)),
         };
+        // Forwarded to a tenure that no longer stands here (a lease not
+        // fresh, a resource let go): `Moved` at once, nothing done, rather
+        // than an attempt to take the resource back.
+        if ctx.forwarded.is_some() {
+            self.check_forwarded(ctx, &resource)?;
+        }
         let admitting = Instant::now();
         let sharing = kind.writes()
             && unconditional
@@ -148,7 +154,15 @@ impl Proxy {
         let (permit, hold, owner) = match admitted {
             Ok((permit, hold)) => (permit, hold, None),
             Err(Refusal::Elsewhere(owner, epoch)) => (None, None, Some((owner, epoch))),
-            Err(r) => return Err(S3Error::from_refusal(r, &resource)),
+            Err(r) => {
+                // Forwarded, and its tenure lapsed meanwhile (a lease that
+                // stopped being fresh while a raise waited for etcd):
+                // `Moved`, nothing done, for the forwarder to route again.
+                if ctx.forwarded.is_some() {
+                    self.check_forwarded(ctx, &resource)?;
+                }
+                return Err(S3Error::from_refusal(r, &resource));
+            }
         };
         if owner.is_none() {
             self.check_forwarded(ctx, &resource)?;

@@ -103,7 +103,7 @@ pub struct Proxy {
     /// (`FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1`), to see its tests fail.
     session_token_ignored: bool,
     /// Cluster mode with owners: the other replicas (`peers.rs`).
-    peers: Option<peers::Peers>,
+    peers: Option<Arc<peers::Peers>>,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -133,6 +133,12 @@ struct RequestCtx {
     /// Cluster mode with owners: the owner's epoch a forwarding replica
     /// saw (`to_owner.rs`).
     forwarded: Option<i64>,
+    /// Cluster mode with owners: how many times this request was sent to
+    /// an owner (`to_owner.rs`, at most [`to_owner::MAX_SENDS`]).
+    forward_sends: u32,
+    /// Cluster mode with owners: relayed here by a replica cut off from
+    /// etcd (`to_owner.rs`, never relayed again).
+    relayed: bool,
 }
 
 /// What the phases before the upstream request established.
@@ -202,9 +208,12 @@ impl Proxy {
     ) -> Result<Proxy, String> {
         let stamp_header = cfg.fence.stamp_header().map(|h| header_name(&h));
         let peers = match &cfg.cluster {
-            Some(c) if c.ownership => Some(peers::Peers::new(c.peer_ca_file.as_deref())?),
+            Some(c) if c.ownership => Some(Arc::new(peers::Peers::new(c.peer_ca_file.as_deref())?)),
             _ => None,
         };
+        if let Some(p) = &peers {
+            gate.set_predecessors(p.clone());
+        }
         Ok(Proxy {
             region: cfg.server.region.clone(),
             creds: Credentials::new(&cfg.credentials).with_sessions(sessions),
@@ -276,6 +285,8 @@ impl Proxy {
             decision: "forwarded",
             payload: "",
             forwarded: None,
+            forward_sends: 0,
+            relayed: false,
         };
         let resp = match self.process(req, &mut ctx).await {
             Ok(r) => r,
@@ -293,6 +304,9 @@ impl Proxy {
             }
         };
         m::handles::count_request(ctx.op, ctx.decision);
+        if ctx.forward_sends > 0 {
+            metrics::histogram!(m::CLUSTER_FORWARD_SENDS).record(ctx.forward_sends);
+        }
         let resp = resp.map(|b| {
             b.map_frame(|f| {
                 if let Some(d) = f.data_ref() {
@@ -319,7 +333,7 @@ impl Proxy {
         let (head, incoming) = req.into_parts();
         if self.peers.is_some() && head.headers.contains_key(peers::PING) {
             (ctx.op, ctx.decision) = ("Ping", "answered");
-            return Ok(Response::new(full(Bytes::new())));
+            return Ok(peers::answer(&head, &self.gate));
         }
         let query = self.check_head(&head)?;
         if head.method == http::Method::OPTIONS {
@@ -331,6 +345,7 @@ impl Proxy {
         let verified = self.authenticate(ctx, &head, &query)?;
         if let Mode::Owners(_) = self.gate.mode() {
             ctx.forwarded = to_owner::forwarded_epoch(&head.headers);
+            ctx.relayed = head.headers.contains_key(to_owner::RELAYED);
         }
         let op = self.classify(ctx, &head, &query)?;
         self.authorize(&verified, &op, &query)?;

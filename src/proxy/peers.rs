@@ -11,13 +11,24 @@
 //! give up. A replica that is only slow (a large body, a slow backend)
 //! answers its pings, and its forwards go on. Per forward this costs a
 //! counter and a channel subscription, not a timer.
+//!
+//! A ping may carry a successor's question ([`LANDED`]): a replica that
+//! took a resource whose owner seemed to die (its lease expired with its
+//! in-flight marker) asks that owner whether anything of its own can still
+//! land there. An owner that was only paused or cut off from etcd answers
+//! that nothing is in flight, and the successor's quarantine ends
+//! (`fence/gate/owned.rs`, `ask_predecessor`).
 
+use crate::body::ProxyBody;
+use crate::fence::gate::{Gate, Predecessors};
 use crate::s3::error::S3Error;
 use crate::upstream::client::UpstreamBody;
 use crate::upstream::pool::Pool;
 use dashmap::DashMap;
-use http::{HeaderValue, Request};
+use futures_util::future::BoxFuture;
+use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -138,6 +149,58 @@ async fn watchdog(peer: Weak<Peer>, url: String) {
         );
         peer.unanswered.send_replace(why);
     }
+}
+
+/// The header of a successor's question in a ping (`?landed=<resource>`):
+/// the replica it asks about; the answer's header of the same name says
+/// [`CLEAR`] when nothing of that replica's can still land there.
+pub const LANDED: &str = "x-fencegate-landed";
+pub const CLEAR: &str = "clear";
+
+impl Predecessors for Peers {
+    fn nothing_landing(
+        &self,
+        url: &str,
+        replica: &str,
+        resource: &str,
+    ) -> BoxFuture<'static, bool> {
+        let Ok(peer) = self.get(url) else {
+            return Box::pin(async { false });
+        };
+        let mut ask = ping(url);
+        let query = utf8_percent_encode(resource, NON_ALPHANUMERIC);
+        *ask.uri_mut() = match format!("/?landed={query}").parse() {
+            Ok(uri) => uri,
+            Err(_) => return Box::pin(async { false }),
+        };
+        match HeaderValue::from_str(replica) {
+            Ok(v) => ask.headers_mut().insert(LANDED, v),
+            Err(_) => return Box::pin(async { false }),
+        };
+        Box::pin(async move {
+            let answer = tokio::time::timeout(PING_WAIT, peer.pool.send_fresh(ask)).await;
+            let Ok(Ok(resp)) = answer else { return false };
+            resp.headers().get(LANDED).is_some_and(|v| v == CLEAR)
+        })
+    }
+}
+
+/// The answer to a ping: `200`, and to a successor's question
+/// ([`LANDED`]) whether anything of this replica's can still land on the
+/// resource it names.
+pub fn answer(head: &http::request::Parts, gate: &Gate) -> Response<ProxyBody> {
+    let mut resp = Response::new(crate::body::full(bytes::Bytes::new()));
+    let asked = head.headers.get(LANDED).and_then(|v| v.to_str().ok());
+    let resource = head.uri.query().and_then(|q| {
+        let v = q.strip_prefix("landed=")?;
+        percent_encoding::percent_decode_str(v).decode_utf8().ok()
+    });
+    if let (Some(replica), Some(resource)) = (asked, resource) {
+        let clear = gate.nothing_landing(replica, &resource);
+        let says = HeaderValue::from_static(if clear { CLEAR } else { "busy" });
+        resp.headers_mut().insert(LANDED, says);
+    }
+    resp
 }
 
 /// A ping of the replica at `url`.

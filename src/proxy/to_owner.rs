@@ -49,6 +49,10 @@ use tokio::time::Instant;
 /// The header a request forwarded by a replica carries (its name).
 pub const FORWARDED: &str = "x-fencegate-forwarded";
 
+/// The header a request relayed by a replica cut off from etcd carries
+/// (its name): the peer serves it as its own, but never relays it again.
+pub const RELAYED: &str = "x-fencegate-relayed";
+
 /// The largest body a forwarder reads whole, so that it can send the
 /// request again when its owner moved (a few writes in flight at an
 /// ownership change: memory stays small).
@@ -81,11 +85,27 @@ pub(super) enum Route {
 /// What became of a request sent towards its owner.
 pub(super) enum Sent<B> {
     Answered(Response<ProxyBody>),
-    /// The owner could not be reached, or did not own the resource any
-    /// more and did nothing ([`S3Error::Moved`]): the body is still here,
-    /// and the request is routed again.
+    /// The owner could not be reached: the body is still here, and the
+    /// request is routed again.
     Unreached(B),
+    /// The owner did not own the resource at the epoch it was sent and did
+    /// nothing ([`S3Error::Moved`]): the body is still here, and the
+    /// request is routed again, but not sent there at that epoch.
+    Moved(B),
 }
+
+/// The most times one client request is sent to owners; past it the
+/// client gets `503 SlowDown` (nothing was done) and retries. Each send is
+/// to another owner or epoch (a `Moved` one is never sent to again), so
+/// this is reached only while ownership moves quickly.
+pub const MAX_SENDS: u32 = 3;
+
+/// The first wait after an owner said `Moved` and etcd still names it at
+/// that epoch (a restarted replica's old incarnation, an owner cut off from
+/// etcd): doubled each time, up to [`MOVED_WAIT_MAX`], until the owner key
+/// changes or the admission wait runs out.
+const MOVED_WAIT: Duration = Duration::from_millis(50);
+const MOVED_WAIT_MAX: Duration = Duration::from_secs(1);
 
 /// A request's body as the client sent it: still streaming, or read whole
 /// (a DeleteObjects, whose keys name the owner).
@@ -150,7 +170,17 @@ impl Proxy {
         op: &Operation,
         unconditional: bool,
     ) -> Result<Route, S3Error> {
-        let mut fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
+        let mut fenced = match self.fence(ctx, op, ctx.token, unconditional).await {
+            Ok(fenced) => fenced,
+            Err(e) => {
+                let Some(peer) = self.relay_to(ctx, &e) else {
+                    return Err(e);
+                };
+                return Box::pin(self.relay(ctx, head, body, peer, e))
+                    .await
+                    .map(Route::Owner);
+            }
+        };
         if fenced.owner.is_none() {
             return Ok(Route::Here(fenced, RequestBody::Streaming(body)));
         }
@@ -159,10 +189,33 @@ impl Proxy {
         Box::pin(async move {
             let deadline = Instant::now() + self.gate.wait_bound();
             let mut body = self.replayable(head, body).await?;
+            // The owner (and epoch) that answered `Moved`: not sent to
+            // again until etcd names another owner or epoch.
+            let mut moved_at: Option<(String, i64)> = None;
+            let mut wait = MOVED_WAIT;
             while let Some(owner) = fenced.owner.take() {
-                match self.to_owner(ctx, head, body, owner, deadline).await? {
-                    Sent::Answered(resp) => return Ok(Route::Owner(resp)),
-                    Sent::Unreached(b) => body = b,
+                let resource = ctx.resource.clone().unwrap_or_default();
+                if moved_at.as_ref() == Some(&owner) {
+                    if Instant::now() + wait >= deadline {
+                        return Err(still_moved(&resource, &owner.0));
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MOVED_WAIT_MAX);
+                    self.gate.forget_owner(&resource);
+                } else if ctx.forward_sends >= MAX_SENDS {
+                    return Err(S3Error::SlowDown(format!(
+                        "the owner of {resource} moved {MAX_SENDS} times while this request \
+                         was forwarded; nothing was done"
+                    )));
+                } else {
+                    match self
+                        .to_owner(ctx, head, body, owner.clone(), deadline)
+                        .await?
+                    {
+                        Sent::Answered(resp) => return Ok(Route::Owner(resp)),
+                        Sent::Unreached(b) => body = b,
+                        Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
+                    }
                 }
                 fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
             }
@@ -206,7 +259,7 @@ impl Proxy {
         let name = owner.0.clone();
         match self.to_owner(ctx, head, body, owner, deadline).await? {
             Sent::Answered(resp) => Ok(resp),
-            Sent::Unreached(_) => Err(S3Error::SlowDown(format!(
+            Sent::Unreached(_) | Sent::Moved(_) => Err(S3Error::SlowDown(format!(
                 "the keys' resources are owned by replica {name}, which cannot be reached"
             ))),
         }
@@ -250,16 +303,10 @@ impl Proxy {
         let built = std::sync::atomic::AtomicBool::new(false);
         let build = || {
             built.store(true, std::sync::atomic::Ordering::Relaxed);
-            let mut headers = head.headers.clone();
             let me = format!("{} {epoch}", c.replica_name());
             let me = HeaderValue::from_str(&me).expect("hex name and digits");
-            headers.insert(FORWARDED, me);
-            let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
-            let mut req = Request::new(body.take().expect("built once").upstream());
-            *req.method_mut() = head.method.clone();
-            *req.uri_mut() = path.parse().expect("a path and query that parsed before");
-            *req.headers_mut() = headers;
-            req
+            let body = body.take().expect("built once").upstream();
+            outgoing(head, body, (FORWARDED, me))
         };
         let sent = tokio::select! {
             sent = peer.pool.send_when_connected(build) => sent,
@@ -273,6 +320,9 @@ impl Proxy {
                 });
             }
         };
+        if built.load(std::sync::atomic::Ordering::Relaxed) {
+            ctx.forward_sends += 1;
+        }
         match sent {
             Ok(mut resp) => {
                 metrics::counter!(m::CLUSTER_FORWARDED).increment(1);
@@ -287,7 +337,7 @@ impl Proxy {
                     // Nothing was done there: read its short answer (the
                     // connection goes back to the pool) and route again.
                     let _ = resp.into_body().collect().await;
-                    return Ok(Sent::Unreached(again));
+                    return Ok(Sent::Moved(again));
                 }
                 Ok(Sent::Answered(resp.map(|b| b.map_err(Into::into).boxed())))
             }
@@ -306,6 +356,68 @@ impl Proxy {
                     "replica {owner}, which owns {resource}: {e}"
                 )))
             }
+        }
+    }
+
+    /// Where a request this replica cannot admit goes instead: to a peer,
+    /// when this replica is cut off from etcd (its lease not fresh) and
+    /// the request came from a client, not from another replica.
+    fn relay_to(&self, ctx: &RequestCtx, e: &S3Error) -> Option<String> {
+        let Mode::Owners(c) = self.gate.mode() else {
+            return None;
+        };
+        let from_client = ctx.forwarded.is_none() && !ctx.relayed;
+        let unavailable = matches!(e, S3Error::ServiceUnavailable(_));
+        if !from_client || !unavailable || c.not_ready().is_none() {
+            return None;
+        }
+        c.some_peer()
+    }
+
+    /// Sends a request this replica cannot admit (cut off from etcd) to
+    /// the peer at `url`, marked [`RELAYED`]: the peer admits it, or
+    /// forwards it to the owner, as a request of its own, but never relays
+    /// it again. `why` is the answer when the peer cannot be reached.
+    async fn relay(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        body: Incoming,
+        url: String,
+        why: S3Error,
+    ) -> Result<Response<ProxyBody>, S3Error> {
+        let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
+            return Err(why);
+        };
+        let peer = peers.get(&url)?;
+        let mut forward = peer.forward();
+        let built = std::sync::atomic::AtomicBool::new(false);
+        let me = HeaderValue::from_str(c.replica_name()).expect("a hex name");
+        let build = || {
+            built.store(true, std::sync::atomic::Ordering::Relaxed);
+            outgoing(head, body.upstream(), (RELAYED, me))
+        };
+        let sent = tokio::select! {
+            sent = peer.pool.send_when_connected(build) => sent,
+            lost = forward.unanswered() => {
+                return Err(match built.load(std::sync::atomic::Ordering::Relaxed) {
+                    true => S3Error::BadGateway(format!(
+                        "relayed to replica {url}, which {lost}; the request's outcome is unknown"
+                    )),
+                    false => why,
+                });
+            }
+        };
+        match sent {
+            Ok(resp) => {
+                ctx.decision = "relayed_to_peer";
+                metrics::counter!(m::CLUSTER_FORWARDED).increment(1);
+                Ok(resp.map(|b| b.map_err(Into::into).boxed()))
+            }
+            Err((_, false)) => Err(why),
+            Err((e, true)) => Err(S3Error::BadGateway(format!(
+                "relayed to replica {url}: {e}; the request's outcome is unknown"
+            ))),
         }
     }
 
@@ -339,6 +451,23 @@ impl Proxy {
     }
 }
 
+/// The client's request as it came, with the body `body` and the header
+/// that marks it as sent on by a replica.
+fn outgoing(
+    head: &Parts,
+    body: UpstreamBody,
+    (name, value): (&'static str, HeaderValue),
+) -> Request<UpstreamBody> {
+    let mut headers = head.headers.clone();
+    headers.insert(name, value);
+    let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut req = Request::new(body);
+    *req.method_mut() = head.method.clone();
+    *req.uri_mut() = path.parse().expect("a path and query that parsed before");
+    *req.headers_mut() = headers;
+    req
+}
+
 /// The epoch a forwarded request was sent under, from [`FORWARDED`].
 pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
     let v = headers.get(FORWARDED)?.to_str().ok()?;
@@ -351,6 +480,15 @@ pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
 pub(super) fn moved(resource: &str) -> S3Error {
     S3Error::Moved(format!(
         "{resource} moved to another replica while this request was forwarded"
+    ))
+}
+
+/// The answer to a request whose owner said it moved, while etcd still
+/// names that owner at that epoch when the admission wait runs out.
+fn still_moved(resource: &str, owner: &str) -> S3Error {
+    S3Error::SlowDown(format!(
+        "replica {owner} no longer admits {resource}, and its ownership has not ended \
+         yet (its lease still runs); nothing was done"
     ))
 }
 

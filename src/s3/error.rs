@@ -118,6 +118,11 @@ impl S3Error {
             )),
             Refusal::Moved => S3Error::SlowDown(format!("{resource} moved to another replica")),
             Refusal::Unmarked => S3Error::SlowDown(format!("{resource} is changing hands")),
+            Refusal::Landing(left) => S3Error::SlowDown(format!(
+                "{resource}'s previous owner stopped with a write that may still land at the \
+                 backend for {:.1} s more: nothing is admitted before; nothing was done",
+                left.as_secs_f64()
+            )),
         }
     }
 

@@ -54,6 +54,7 @@
 mod background;
 mod batch;
 mod holds;
+pub mod incarnation;
 pub mod keys;
 mod lease;
 mod owners;
@@ -62,7 +63,7 @@ mod store;
 mod wait;
 
 pub use background::Seen;
-pub use owners::{OwnedRaise, Take, Tenure, UnownedRaise};
+pub use owners::{OwnedRaise, Predecessor, Take, Tenure, UnownedRaise};
 pub use wait::Lower;
 
 use crate::config::ClusterConfig;
@@ -78,6 +79,9 @@ use tokio::sync::mpsc;
 
 /// One etcd request gives up after this long (and counts as a failure).
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a start waits for the previous incarnation's keys to be ended
+/// before it serves (they are ended in the background after that).
+const END_INCARNATION_FOR: Duration = Duration::from_secs(3);
 /// Admission retries a failed transaction (a member going away, a leader
 /// election) for up to this long, within `admission_wait_ms`, before it
 /// answers 503.
@@ -143,6 +147,8 @@ pub struct Cluster {
     /// `cluster.ownership`: resources are owned by one replica at a time
     /// (`owners.rs`) rather than admitted in etcd write by write.
     pub owning: bool,
+    /// This replica's S3 URL for the others, once advertised (`peers.rs`).
+    advertised: std::sync::OnceLock<String>,
     /// Other replicas' S3 URLs (`peers.rs`).
     addresses: dashmap::DashMap<String, String>,
     /// Replicas whose lease has ended, and a count bumped at each.
@@ -150,6 +156,9 @@ pub struct Cluster {
     departures: tokio::sync::watch::Sender<u64>,
     /// Open uploads' tokens read or put here (`store.rs`).
     upload_tokens: dashmap::DashMap<String, u64>,
+    /// The data directory's lock, held while the process runs
+    /// (`incarnation.rs`); none for tools.
+    claim: Option<incarnation::Claim>,
 }
 
 fn etcd(e: impl std::fmt::Display) -> ClusterError {
@@ -245,11 +254,21 @@ impl Cluster {
     /// its lease had its body at the backend, at the latest, when the
     /// replica last renewed (at least 4/5 of the TTL before the expiry), so
     /// newer writes wait the rest of the quarantine after the expiry.
-    pub async fn start(cfg: &ClusterConfig, quarantine: Duration) -> Result<Arc<Cluster>, String> {
+    ///
+    /// `data_dir` names the process that used it before
+    /// (`incarnation.rs`): what that one left in etcd is ended first, for
+    /// up to [`END_INCARNATION_FOR`], then in the background.
+    pub async fn start(
+        cfg: &ClusterConfig,
+        quarantine: Duration,
+        data_dir: &std::path::Path,
+    ) -> Result<Arc<Cluster>, String> {
         let (mut cluster, deregistered) = Cluster::connect(cfg).await?;
         let ttl = cluster.lease.ttl();
         cluster.expired_hold = quarantine.saturating_sub(ttl * 4 / 5);
+        cluster.claim = Some(incarnation::claim(data_dir, &cluster.replica)?);
         let cluster = Arc::new(cluster);
+        cluster.clone().end_previous().await;
         tokio::spawn(cluster.lease.clone().keep(cluster.client.clone()));
         tokio::spawn(background::deregister_worker(cluster.clone(), deregistered));
         tokio::spawn(cluster.clone().sweep(ttl));
@@ -262,6 +281,24 @@ impl Cluster {
             "cluster mode: fences in etcd"
         );
         Ok(cluster)
+    }
+
+    /// Ends the previous incarnation's keys, if the data directory named
+    /// one: waits for it up to [`END_INCARNATION_FOR`], so that its
+    /// resources are served at once, and lets it go on after that.
+    async fn end_previous(self: Arc<Self>) {
+        let previous = self.claim.as_ref().and_then(|c| c.previous.clone());
+        let Some(old) = previous else { return };
+        let ending = tokio::spawn(async move {
+            let (let_go, kept) = self.end_incarnation(&old).await;
+            tracing::info!(
+                previous = old,
+                let_go,
+                kept_for_quarantine = kept,
+                "cluster: ended this data directory's previous replica in etcd"
+            );
+        });
+        let _ = tokio::time::timeout(END_INCARNATION_FOR, ending).await;
     }
 
     /// The shared table only, for tools (`fencegate fences import`): no
@@ -294,10 +331,12 @@ impl Cluster {
             live: Default::default(),
             expired_hold: Duration::ZERO,
             owning: cfg.ownership,
+            advertised: Default::default(),
             addresses: Default::default(),
             departed: Default::default(),
             departures: tokio::sync::watch::Sender::new(0),
             upload_tokens: Default::default(),
+            claim: None,
         };
         Ok((cluster, rx))
     }

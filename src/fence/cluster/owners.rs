@@ -48,11 +48,12 @@ pub struct Tenure {
 /// What a take found.
 pub enum Take {
     /// This replica owns the resource now. `after_death`: the previous
-    /// owner's lease expired while it owned it.
+    /// owner's lease expired while it owned it, leaving its in-flight
+    /// marker, which names it.
     Mine {
         tenure: Tenure,
         highest: Option<u64>,
-        after_death: bool,
+        after_death: Option<Predecessor>,
     },
     /// Another replica owns it: its name, and its epoch.
     Theirs(String, i64),
@@ -64,6 +65,31 @@ pub enum Take {
     /// expires, or when this replica, knowing it has nothing in flight
     /// there, releases it.
     Stale(i64),
+}
+
+/// An owner that died with its in-flight marker in etcd, as the marker
+/// names it: its replica name, and where it listened (markers put before
+/// the address was known, or by older versions, have none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Predecessor {
+    pub replica: String,
+    pub url: Option<String>,
+}
+
+impl Predecessor {
+    fn of_marker(value: &[u8]) -> Predecessor {
+        let value = String::from_utf8_lossy(value);
+        match value.split_once(' ') {
+            Some((replica, url)) => Predecessor {
+                replica: replica.to_string(),
+                url: Some(url.to_string()),
+            },
+            None => Predecessor {
+                replica: value.into_owned(),
+                url: None,
+            },
+        }
+    }
 }
 
 /// What an owner's raise found.
@@ -145,6 +171,16 @@ impl Cluster {
         &self.replica
     }
 
+    /// An in-flight marker's value: this replica's name, and the URL the
+    /// others reach it at once it is known (a successor asks there whether
+    /// anything of this replica's can still land: `gate/owned.rs`).
+    fn marker(&self) -> String {
+        match self.advertised.get() {
+            Some(url) => format!("{} {url}", self.replica),
+            None => self.replica.clone(),
+        }
+    }
+
     /// Takes `resource` if nobody owns it ([`Take`]). Tried again on
     /// failure until `deadline`: a take applied whose answer was lost is
     /// found again as this replica's, and adopted.
@@ -169,17 +205,19 @@ impl Cluster {
                 TxnOp::get(owned.as_str(), None),
                 TxnOp::get(fence.as_str(), None),
                 TxnOp::put(owner.as_str(), self.replica.as_str(), Some(mine)),
-                TxnOp::put(owned, self.replica.as_str(), None),
+                TxnOp::put(owned, self.marker(), None),
             ])
             .or_else([TxnOp::get(owner, None), TxnOp::get(fence, None)]);
-        let resp = self.retrying("take", deadline, || txn.clone()).await?;
+        let resp = self
+            .retrying_leased("take", deadline, || txn.clone())
+            .await?;
         let (took, got) = gets(&resp);
         if took {
             let epoch = resp.header().map(|h| h.revision()).unwrap_or_default();
             return Ok(Take::Mine {
                 tenure: Tenure { epoch, generation },
                 highest: fence_of(&got[1]),
-                after_death: got[0].is_some(),
+                after_death: got[0].as_ref().map(|kv| Predecessor::of_marker(kv.value())),
             });
         }
         let holder = got[0].as_ref().ok_or(ClusterError::Etcd(
@@ -207,7 +245,7 @@ impl Cluster {
                 generation,
             },
             highest: fence_of(&got[1]),
-            after_death: false,
+            after_death: None,
         })
     }
 
@@ -224,7 +262,9 @@ impl Cluster {
         let guard = Compare::create_revision(owner.as_str(), CompareOp::Equal, tenure.epoch);
         let read = vec![TxnOp::get(owner, None), TxnOp::get(fence.as_str(), None)];
         let txn = raise_or(&fence, token, Some(guard), read);
-        let resp = self.retrying("raise", deadline, || txn.clone()).await?;
+        let resp = self
+            .retrying_leased("raise", deadline, || txn.clone())
+            .await?;
         let (raised, got) = gets(&resp);
         if raised {
             return Ok(OwnedRaise::At { put: true });
@@ -358,13 +398,9 @@ impl Cluster {
         let owner = self.keys.owner(resource);
         let txn = Txn::new()
             .when([Compare::create_revision(owner, CompareOp::Equal, epoch)])
-            .and_then([TxnOp::put(
-                self.keys.owned(resource),
-                self.replica.as_str(),
-                None,
-            )]);
+            .and_then([TxnOp::put(self.keys.owned(resource), self.marker(), None)]);
         Ok(self
-            .retrying("mark", deadline, || txn.clone())
+            .retrying_leased("mark", deadline, || txn.clone())
             .await?
             .succeeded())
     }
@@ -406,6 +442,26 @@ impl Cluster {
         let mut kv = self.client.kv_client();
         let resp = call("get", kv.get(self.keys.seen(&self.replica), None)).await?;
         Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
+    }
+
+    /// [`Cluster::retrying`] for what only a replica with a fresh lease
+    /// may do (take, raise, mark): given up at once when the lease is not
+    /// fresh (etcd cut off), so that the client hears `503` now rather
+    /// than when its wait runs out.
+    async fn retrying_leased(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        txn: impl Fn() -> Txn,
+    ) -> Result<TxnResponse, ClusterError> {
+        loop {
+            self.lease.current().ok_or(ClusterError::NoLease)?;
+            let soon = deadline.min(Instant::now() + super::OP_TIMEOUT);
+            match self.retrying(what, soon, &txn).await {
+                Err(_) if Instant::now() < deadline => continue,
+                other => return other,
+            }
+        }
     }
 
     /// One transaction, tried again on failure until `deadline` (every

@@ -14,6 +14,7 @@ impl Cluster {
     /// Puts `url` at `replicas/<this replica>` under every lease this
     /// replica holds, for as long as the process runs.
     pub fn advertise(self: &Arc<Self>, url: String) {
+        let _ = self.advertised.set(url.clone());
         let cluster = self.clone();
         tokio::spawn(async move {
             let mut put_under = 0;
@@ -74,6 +75,7 @@ impl Cluster {
     /// is a replica whose lease ended (replica names are never reused).
     pub(super) async fn follow_replicas(self: Arc<Self>) {
         let all = self.keys.replica("");
+        self.list_replicas(&all).await;
         self.watch_prefix(all.clone(), |resp| {
             // After a gap, every address is looked up again.
             let Some(resp) = resp else {
@@ -82,13 +84,51 @@ impl Cluster {
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
                 let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
-                self.addresses.remove(&name);
                 if ev.event_type() == EventType::Delete {
+                    self.addresses.remove(&name);
                     self.departed.insert(name, ());
                     self.departures.send_modify(|n| *n += 1);
+                } else {
+                    let url = String::from_utf8_lossy(kv.value()).into_owned();
+                    self.addresses.insert(name, url);
                 }
             }
         })
         .await
+    }
+
+    /// Reads every replica's address once (the watch then follows them),
+    /// so that a replica cut off from etcd later knows its peers
+    /// ([`Cluster::some_peer`]).
+    async fn list_replicas(&self, all: &str) {
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        for _ in 0..20 {
+            let mut kv = self.client.kv_client();
+            if let Ok(resp) = call("get", kv.get(all, Some(opts.clone()))).await {
+                for kv in resp.kvs() {
+                    let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
+                    let url = String::from_utf8_lossy(kv.value()).into_owned();
+                    self.addresses.insert(name, url);
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The URL of another replica whose lease stood when last heard of,
+    /// picked at random: where a replica cut off from etcd relays what it
+    /// cannot admit itself (`proxy/to_owner.rs`).
+    pub fn some_peer(&self) -> Option<String> {
+        let mine = self.advertised.get();
+        let others: Vec<String> = self
+            .addresses
+            .iter()
+            .filter(|e| *e.key() != self.replica && Some(e.value()) != mine)
+            .filter(|e| !self.departed.contains_key(e.key()))
+            .map(|e| e.value().clone())
+            .collect();
+        let pick = rand::random::<u64>() as usize % others.len().max(1);
+        others.get(pick).cloned()
     }
 }

@@ -27,6 +27,8 @@
 mod cluster;
 mod owned;
 
+pub use owned::Predecessors;
+
 use super::cluster::{Cluster, Registration, Tenure};
 use super::hold::Holds;
 use super::store::{FenceStore, StoreError};
@@ -81,6 +83,11 @@ pub enum Refusal {
     /// leaves the gate: the admission puts it and tries again.
     #[error("the resource's in-flight marker is being put back")]
     Unmarked,
+    /// Cluster mode with owners: a write of the resource's previous owner,
+    /// which died, may still land at the backend for this long: nothing
+    /// is admitted before (`owned.rs`).
+    #[error("a write of the resource's previous owner may still land for {0:?}")]
+    Landing(std::time::Duration),
 }
 
 /// Whether the admitted request is tracked in flight.
@@ -139,6 +146,10 @@ struct SlotState {
     /// quarantine); nothing newer is admitted before. Kept across this
     /// replica's tenures, and the slot with it.
     landing_until: Option<tokio::time::Instant>,
+    /// Cluster mode with owners: that owner is being asked whether it is
+    /// alive with nothing in flight (`owned.rs`, `ask_predecessor`), and
+    /// has not answered yet.
+    asking: bool,
 }
 
 #[derive(Default)]
@@ -284,6 +295,9 @@ pub struct Gate {
     holds: Holds,
     /// Cluster mode with owners: resources whose release is in flight.
     releasing: Arc<DashMap<String, ()>>,
+    /// Cluster mode with owners: asks a dead-looking owner whether its
+    /// writes can still land (`owned.rs`).
+    predecessors: std::sync::OnceLock<Arc<dyn owned::Predecessors>>,
 }
 
 /// Default for [`Gate::set_max_slots`].
@@ -300,6 +314,7 @@ impl Gate {
             cluster: None,
             holds: Holds::new(wait_bound, None),
             releasing: Default::default(),
+            predecessors: Default::default(),
         }
     }
 

@@ -23,7 +23,7 @@
 //! backend itself refuses once overtaken, neither need nor keep it.
 
 use super::{Gate, Kind, Owner, Permit, Refusal, Slot, SlotState};
-use crate::fence::cluster::{Cluster, OwnedRaise, Take, Tenure};
+use crate::fence::cluster::{Cluster, OwnedRaise, Predecessor, Take, Tenure};
 use crate::metric_names as m;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +36,21 @@ pub const IDLE_SWEEP: Duration = Duration::from_secs(5);
 /// A resource without a write in flight, or one admitted, for this long
 /// (at most twice) loses its in-flight marker.
 pub const QUIET_SWEEP: Duration = Duration::from_secs(1);
+
+/// How often a successor asks its predecessor (`ask_predecessor`).
+pub const ASK_EVERY: Duration = Duration::from_millis(500);
+
+/// How the gate asks another replica whether anything of its own can still
+/// land on a resource (the proxy's peer connections answer it).
+pub trait Predecessors: Send + Sync {
+    /// True only when `replica`, reached at `url`, says so.
+    fn nothing_landing(
+        &self,
+        url: &str,
+        replica: &str,
+        resource: &str,
+    ) -> futures_util::future::BoxFuture<'static, bool>;
+}
 
 /// This replica's ownership of a slot's resource.
 #[derive(Clone, Copy, Debug)]
@@ -55,6 +70,18 @@ pub(super) struct Owned {
 /// not over): then the marker is neither deleted nor released.
 fn landing(st: &SlotState) -> bool {
     st.landing_until.is_some_and(|at| at > Instant::now())
+}
+
+/// Notes a predecessor's answer on `slot`: the quarantine that ends at
+/// `until` ends now when it said `clear`. True when it did end.
+fn answered(slot: &Slot, clear: bool, until: Instant) -> bool {
+    let mut st = slot.lock();
+    st.asking = false;
+    let ends = clear && st.landing_until == Some(until);
+    if ends {
+        st.landing_until = None;
+    }
+    ends
 }
 
 /// Forgets `tenure` on `slot`, unless a newer one has replaced it.
@@ -143,11 +170,23 @@ impl Gate {
             if let Some(o) = self.owned_here(c, &slot) {
                 let landing = slot.lock().landing_until;
                 match landing {
-                    Some(at) if at > Instant::now() => {
-                        tokio::time::sleep_until(at.min(deadline)).await;
-                        if at > deadline {
-                            return Err(Refusal::Busy);
+                    // Past the wait: refused at once (nothing was done),
+                    // rather than held until the wait runs out.
+                    // The dead-looking owner is being asked whether it
+                    // is alive with nothing in flight: its first answer
+                    // (at most `PING_WAIT`) is worth the wait.
+                    Some(at) if at > deadline && slot.lock().asking => {
+                        if Instant::now() >= deadline {
+                            return Err(Refusal::Landing(at - Instant::now()));
                         }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    Some(at) if at > deadline => {
+                        return Err(Refusal::Landing(at - Instant::now()));
+                    }
+                    Some(at) if at > Instant::now() => {
+                        tokio::time::sleep_until(at).await;
                         continue;
                     }
                     _ => return Ok((slot, o.tenure)),
@@ -180,9 +219,10 @@ impl Gate {
                     st.highest = st.highest.max(highest);
                     st.loaded = true;
                     st.elsewhere = None;
-                    if after_death {
+                    if let Some(dead) = after_death {
                         let until = Instant::now() + c.expired_hold();
                         st.landing_until = st.landing_until.max(Some(until));
+                        st.asking = self.ask_predecessor(c, &slot, resource, dead, until);
                     }
                     st.owned = Some(Owned {
                         tenure,
@@ -212,6 +252,76 @@ impl Gate {
                 }
             }
         }
+    }
+
+    /// While `slot` waits out a dead predecessor's quarantine (`until`),
+    /// asks that replica every [`ASK_EVERY`] whether anything of its own
+    /// can still land on `resource`: a replica that was only paused or cut
+    /// off from etcd, and answers that nothing is in flight there, ends
+    /// the wait. A replica killed never answers (a restarted one has
+    /// another name, and says so), and the wait runs its course. True when
+    /// it asks (the caller, holding the slot's lock, marks it `asking`).
+    fn ask_predecessor(
+        &self,
+        c: &Cluster,
+        slot: &Arc<Slot>,
+        resource: &str,
+        dead: Predecessor,
+        until: Instant,
+    ) -> bool {
+        let (Some(ask), Some(url)) = (self.predecessors.get().cloned(), dead.url) else {
+            return false;
+        };
+        if dead.replica == c.replica_name() {
+            return false;
+        }
+        let (slot, resource) = (Arc::downgrade(slot), resource.to_string());
+        tokio::spawn(async move {
+            while Instant::now() < until {
+                let clear = ask.nothing_landing(&url, &dead.replica, &resource).await;
+                let Some(slot) = slot.upgrade() else { return };
+                if answered(&slot, clear, until) {
+                    tracing::info!(
+                        resource,
+                        previous = dead.replica,
+                        "cluster: the previous owner, alive, has nothing in flight here: \
+                         its quarantine ends now"
+                    );
+                }
+                if clear {
+                    return;
+                }
+                tokio::time::sleep(ASK_EVERY).await;
+            }
+        });
+        true
+    }
+
+    /// Whether nothing of this replica's can still land on `resource`,
+    /// asked by a successor about `replica` (`ask_predecessor`): this is
+    /// that replica, it holds no standing tenure there, and no write of
+    /// its own is in flight there (a write whose outcome is unknown keeps
+    /// its entry for the quarantine; a tenure that no longer stands admits
+    /// nothing more: `try_admit`).
+    pub fn nothing_landing(&self, replica: &str, resource: &str) -> bool {
+        let Some(c) = &self.cluster else { return false };
+        if replica != c.replica_name() {
+            return false;
+        }
+        let Some(slot) = self.slots.get(resource).map(|s| s.clone()) else {
+            return true;
+        };
+        if self.owned_here(c, &slot).is_some() {
+            return false;
+        }
+        let st = slot.lock();
+        !landing(&st) && st.inflight.iter().all(|e| e.conditioned)
+    }
+
+    /// Lets the gate ask a dead-looking owner whether its writes can still
+    /// land (`ask_predecessor`); set once, by the proxy.
+    pub fn set_predecessors(&self, ask: Arc<dyn Predecessors>) {
+        let _ = self.predecessors.set(ask);
     }
 
     /// Puts the in-flight marker of `slot`'s resource back, under its
