@@ -15,14 +15,21 @@
 //! some, or the run proves nothing; `single`, one fencegate on its own
 //! fence file, killed and paused whenever a replica is, must show none and
 //! is what a cluster's availability is weighed against. Writers retry a 503
-//! as the SDKs' standard mode does (three attempts in all); each arm's
-//! summary gives the share of requests that succeeded.
+//! as the SDKs' standard mode does (three attempts in all;
+//! `TORTURE_ATTEMPTS=1`: no retry), and the balancer passes a 503 on to
+//! another replica (`BALANCER_RETRY=1`; `TORTURE_BALANCER_RETRY=0`: the
+//! plain balancer). Each arm's summary gives the share of requests that
+//! succeeded; the run also reports (issue #48) the cluster replicas' sends
+//! to owners per forwarded request (sends.rs) and each arm's requests per
+//! 10 s beside the faults (windows.rs).
 //!
 //! - `cluster_short_run`: 60 s with twice the writer faults, part of the
 //!   suite.
 //! - `cluster_long_run` (ignored): ≥ 10,000 requests through the cluster
 //!   arm; `scripts/torture-cluster`.
 
+#[path = "torture/balancer.rs"]
+mod balancer;
 #[path = "torture/checker.rs"]
 mod checker;
 mod common;
@@ -34,9 +41,14 @@ mod faults;
 mod history;
 #[path = "torture/run.rs"]
 mod run;
+#[path = "torture/sends.rs"]
+mod sends;
+#[path = "torture/windows.rs"]
+mod windows;
 #[path = "torture/workload.rs"]
 mod workload;
 
+use balancer::Balancer;
 use common::etcd::{Etcd, EtcdCluster};
 use common::fencegate::{DEMO_KEY, DEMO_SECRET, Fencegate};
 use common::garage::Garage;
@@ -46,7 +58,7 @@ use history::History;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use run::{ArmResult, Budget, drive, env_u64, judge};
-use std::process::{Child, Command, Stdio};
+use sends::Sends;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -56,60 +68,19 @@ const LOGS: usize = 6;
 const MULTIS: usize = 2;
 const REPLICAS: usize = 3;
 
-/// nginx from `scripts/balancer`, stopped on drop.
-struct Balancer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Balancer {
-    fn start(replicas: &[std::net::SocketAddr]) -> Balancer {
-        let dir = tempfile::tempdir().unwrap();
-        let port = common::free_port();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/balancer");
-        let child = Command::new(script)
-            .arg(format!("127.0.0.1:{port}"))
-            .arg(dir.path())
-            .args(replicas.iter().map(|a| a.to_string()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("scripts/balancer (Debian nginx)");
-        common::wait_until(20, "the balancer to listen", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        Balancer {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Balancer {
-    fn drop(&mut self) {
-        // TERM: nginx's master stops its workers; KILL would orphan them.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
 /// One arm's replicas, each behind a hop whose address stays put across
 /// restarts, and the balancer over the hops. A cluster arm's replicas also
 /// reach etcd through relays of their own (`etcd[i]`, one per member) and
 /// are reached by their peers through `peer[i]`, both frozen to cut the
-/// replica off.
+/// replica off. `sends`: a cluster arm's readings of its replicas'
+/// forward sends, taken before each kill.
 struct Replicas {
     fgs: Vec<Arc<Mutex<Fencegate>>>,
     hops: Vec<Arc<Hop>>,
     etcd: Vec<Vec<Relay>>,
     peer: Vec<Relay>,
     balancer: Balancer,
+    sends: Mutex<Sends>,
 }
 
 /// Starts `n` replicas of `toml` (plus, with `fences`, each one's
@@ -155,16 +126,37 @@ async fn replicas(
         etcd,
         peer,
         balancer,
+        sends: Mutex::default(),
     }
 }
 
 impl Replicas {
-    /// `kill -9` of replica `i`, started again behind its hop and relay.
+    /// `kill -9` of replica `i`, started again behind its hop and relay;
+    /// a cluster replica's forward sends are read first (the kill resets
+    /// them).
     async fn kill9(&self, i: usize) {
+        if !self.etcd.is_empty() {
+            self.scrape(i).await;
+        }
         let addr = faults::kill9_behind(&self.fgs[i], &self.hops[i]).await;
         if let Some(p) = self.peer.get(i) {
             p.set_target(&addr.to_string());
         }
+    }
+
+    /// Adds replica `i`'s forward sends so far to `sends`.
+    async fn scrape(&self, i: usize) {
+        let admin = self.fgs[i].lock().unwrap().admin;
+        let got = sends::scrape(admin).await;
+        self.sends.lock().unwrap().add(got);
+    }
+
+    /// The forward sends of the run: every replica read once more.
+    async fn sends_total(&self) -> Sends {
+        for i in 0..self.fgs.len() {
+            self.scrape(i).await;
+        }
+        *self.sends.lock().unwrap()
     }
 
     /// Cuts replica `i` off from etcd and/or from its peers (`on`), or
@@ -306,15 +298,22 @@ fn arm(
         },
         hist: Arc::new(History::new(start)),
         seed,
-        attempts: 3,
+        attempts: attempts(),
     })
 }
 
-/// The three arms' results.
+/// `TORTURE_ATTEMPTS`: requests a 503 may take in all (default 3, the
+/// SDKs' standard mode; 1: writers that do not retry).
+fn attempts() -> u32 {
+    env_u64("TORTURE_ATTEMPTS").unwrap_or(3).max(1) as u32
+}
+
+/// The three arms' results, and the lines of `report`.
 struct Results {
     cluster: ArmResult,
     control: ArmResult,
     single: ArmResult,
+    report: String,
 }
 
 /// Sets up the arms, runs them under `budget` with the chaos schedule,
@@ -399,12 +398,47 @@ async fn run_arms(budget: Budget, (seed, fault_p): (u64, f64), stem: &str) -> Re
         faults.pauses,
         faults.partitions
     );
+    let sends = cluster.sends_total().await;
     let reader = s3_client(&garage.endpoint, &garage.key_id, &garage.secret, "garage");
-    Results {
+    let mut r = Results {
         cluster: judge(&arms[0], &reader, stem).await,
         control: judge(&arms[1], &reader, stem).await,
         single: judge(&arms[2], &reader, stem).await,
-    }
+        report: String::new(),
+    };
+    r.report = report(&arms, &r, sends);
+    r
+}
+
+/// Issue #48's measurements: each arm's share of requests that succeeded
+/// (and the cluster's against the control's), the cluster replicas' sends
+/// to owners, and requests per 10 s (the table also in
+/// `cluster-windows.txt`). Prints them and returns all but the table.
+fn report(arms: &[Arc<Workload>], r: &Results, sends: Sends) -> String {
+    let share = |a: &ArmResult| a.counts.ok as f64 / a.counts.ops.max(1) as f64;
+    let mut out = format!(
+        "attempts={} succeeded: cluster {:.1}%, control {:.1}%, single {:.1}%; cluster/control {:.2}x\n{}\n",
+        attempts(),
+        100.0 * share(&r.cluster),
+        100.0 * share(&r.control),
+        100.0 * share(&r.single),
+        share(&r.cluster) / share(&r.control).max(f64::MIN_POSITIVE),
+        sends.line()
+    );
+    let ops: Vec<(String, Vec<history::Op>)> =
+        arms.iter().map(|a| (a.arm.clone(), a.hist.ops())).collect();
+    let table = windows::report(&ops, &arms[0].hist.events());
+    let path = run::out_dir().join("cluster-windows.txt");
+    std::fs::write(&path, &table).unwrap();
+    println!("{table}  table: {}", path.display());
+    out += table
+        .lines()
+        .skip_while(|l| !l.starts_with("fewest") && !l.starts_with("no whole"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .as_str();
+    print!("{out}");
+    out
 }
 
 fn verdict(
@@ -412,6 +446,7 @@ fn verdict(
         cluster: fenced,
         control,
         single,
+        ..
     }: &Results,
 ) {
     // A cluster that refused everything would have no violation either.
@@ -460,7 +495,9 @@ async fn cluster_short_run() {
 
 /// ≥ 10,000 requests through the cluster arm (scripts/torture-cluster).
 /// Settings: TORTURE_OPS (default 10000), TORTURE_WRITERS, TORTURE_SEED,
-/// TORTURE_MAX_SECS (default 3600).
+/// TORTURE_MAX_SECS (default 3600), TORTURE_ATTEMPTS (default 3). The
+/// summary goes to `cluster-summary-attempts<N>.txt` (and
+/// `cluster-summary.txt`), the table to `cluster-windows-attempts<N>.txt`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "long: run by scripts/torture-cluster"]
 async fn cluster_long_run() {
@@ -470,15 +507,30 @@ async fn cluster_long_run() {
         ops,
     };
     let seed = seed();
-    let r = run_arms(budget, (seed, 0.04), "cluster-history").await;
+    let n = attempts();
+    let r = run_arms(
+        budget,
+        (seed, 0.04),
+        &format!("cluster-history-attempts{n}"),
+    )
+    .await;
     let summary = format!(
-        "seed={seed} defaults={}\n{}\n{}\n{}\n",
+        "seed={seed} defaults={} attempts={n}\n{}\n{}\n{}\n{}",
         settings().fence.is_empty(),
         r.cluster.summary(),
         r.control.summary(),
-        r.single.summary()
+        r.single.summary(),
+        r.report
     );
-    std::fs::write(run::out_dir().join("cluster-summary.txt"), summary).unwrap();
+    let out = run::out_dir();
+    std::fs::write(
+        out.join(format!("cluster-summary-attempts{n}.txt")),
+        &summary,
+    )
+    .unwrap();
+    std::fs::write(out.join("cluster-summary.txt"), summary).unwrap();
+    let windows = out.join(format!("cluster-windows-attempts{n}.txt"));
+    std::fs::copy(out.join("cluster-windows.txt"), windows).unwrap();
     assert!(
         r.cluster.counts.ops as u64 >= ops,
         "only {} requests",

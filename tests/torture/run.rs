@@ -102,15 +102,17 @@ pub struct ArmResult {
 }
 
 impl ArmResult {
-    /// `arm=… ops=… ok=… refused=… (503: …) indeterminate=… available=…%
-    /// violations=…`; `available`: [`Counts::available`].
+    /// `arm=… ops=… ok=… (…%) refused=… (503: …) indeterminate=…
+    /// available=…% violations=…`; the share after `ok` is of the requests
+    /// that succeeded; `available`: [`Counts::available`].
     pub fn summary(&self) -> String {
         let c = self.counts;
         format!(
-            "arm={} ops={} ok={} refused={} (503: {}) indeterminate={} available={:.1}% violations={}",
+            "arm={} ops={} ok={} ({:.1}%) refused={} (503: {}) indeterminate={} available={:.1}% violations={}",
             self.arm,
             c.ops,
             c.ok,
+            100.0 * c.ok as f64 / c.ops.max(1) as f64,
             c.refused,
             c.unavailable,
             c.indeterminate,
