@@ -29,6 +29,9 @@ pub struct Line<'a> {
     pub bucket: &'a str,
     pub key: &'a str,
     pub access_key: &'a str,
+    /// A session credential's lock (`fencegate lock --credentials...`),
+    /// empty for other credentials.
+    pub lock: &'a str,
     pub resource: &'a str,
     pub token: Option<u64>,
     pub highest: Option<u64>,
@@ -91,6 +94,7 @@ fn as_event(l: &Line) {
                 bucket = l.bucket,
                 key = l.key,
                 access_key = l.access_key,
+                lock = l.lock,
                 resource = l.resource,
                 token = l.token.map(|t| t.to_string()).unwrap_or_default(),
                 highest = l.highest.map(|t| t.to_string()).unwrap_or_default(),
@@ -123,7 +127,7 @@ enum Value<'a> {
 }
 
 /// The line's fields, in the order `tracing` writes them.
-fn fields<'a>(l: &Line<'a>) -> [(&'static str, Value<'a>); 14] {
+fn fields<'a>(l: &Line<'a>) -> [(&'static str, Value<'a>); 15] {
     use Value::*;
     [
         ("request_id", Bare(l.request_id)),
@@ -132,6 +136,7 @@ fn fields<'a>(l: &Line<'a>) -> [(&'static str, Value<'a>); 14] {
         ("bucket", Str(l.bucket)),
         ("key", Str(l.key)),
         ("access_key", Str(l.access_key)),
+        ("lock", Str(l.lock)),
         ("resource", Str(l.resource)),
         ("token", Token(l.token)),
         ("highest", Token(l.highest)),
@@ -289,6 +294,7 @@ mod tests {
             bucket: "bench",
             key,
             access_key: "fencegate-demo",
+            lock: "",
             resource: "bench/wrk-object",
             token: Some(1),
             highest: None,
@@ -314,7 +320,7 @@ mod tests {
             String::from_utf8(buf).unwrap(),
             "2026-11-24T02:18:48.778022Z  INFO fencegate::proxy: request \
              request_id=1E718BC800001F30 method=PUT op=\"PutObject\" bucket=\"bench\" \
-             key=\"wrk-object\" access_key=\"fencegate-demo\" resource=\"bench/wrk-object\" \
+             key=\"wrk-object\" access_key=\"fencegate-demo\" lock=\"\" resource=\"bench/wrk-object\" \
              token=\"1\" highest=\"\" decision=\"forwarded\" payload=\"unsigned\" status=200 \
              bytes_in=4096 duration_ms=79.219\n"
         );

@@ -113,8 +113,24 @@ pub struct LockArgs {
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and
     /// AWS_ENDPOINT_URL (--s3-url) in its environment, asked of the admin
     /// API (--admin, --admin-token).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "credentials_endpoint")]
     pub credentials: bool,
+    /// Serve the command session credentials bound to the lock's token,
+    /// renewed while the lock is held, as the AWS container-credentials
+    /// endpoint: AWS_CONTAINER_CREDENTIALS_FULL_URI,
+    /// AWS_CONTAINER_AUTHORIZATION_TOKEN (and _FILE) and AWS_ENDPOINT_URL
+    /// (--s3-url) in its environment, and no static AWS_ACCESS_KEY_ID.
+    /// Credentials last --credentials-ttl (default 900 s).
+    #[arg(long)]
+    pub credentials_endpoint: bool,
+    /// Where the endpoint listens (a loopback address; default: a free
+    /// port on 127.0.0.1), for a program that is not the command's child.
+    #[arg(long, requires = "credentials_endpoint")]
+    pub credentials_listen: Option<SocketAddr>,
+    /// Write the endpoint's authorization token to this file (mode 0600)
+    /// rather than a temporary one, for a program beside the command.
+    #[arg(long, requires = "credentials_endpoint")]
+    pub credentials_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub issue: IssueArgs,
     /// The command to run under the lock, after `--`.

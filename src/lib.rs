@@ -134,7 +134,9 @@
 //!   token sources known by name, each a lock, its token and a watch of
 //!   its holder (`etcd.rs`, `zookeeper.rs`, `redis.rs`, `postgres.rs`);
 //!   `watch.rs` is the one loop those watches run in (connect, follow,
-//!   back off, log); `helper.rs` is `fencegate lock`; `eager.rs` raises a
+//!   back off, log); `helper.rs` is `fencegate lock`; `endpoint.rs` its
+//!   `--credentials-endpoint` (credentials served as the AWS container
+//!   credentials, renewed while the lock is held); `eager.rs` raises a
 //!   fence when its lock's holder goes.
 //! - [`server`] (→ everything above): start-up (store, gate, backend,
 //!   services) apart from serving (listener, connection limit, handler,

@@ -195,7 +195,15 @@ fn lock(a: LockArgs) -> ExitCode {
         ttl: Duration::from_secs(a.ttl),
         timeout: a.timeout.map(Duration::from_secs_f64),
         kill_grace: Duration::from_secs(a.kill_grace),
-        extra_env: a.credentials.then(|| credentials_env(a.issue)),
+        extra_env: match (a.credentials, a.credentials_endpoint) {
+            (true, _) => Some(credentials_env(a.issue)),
+            (_, true) => Some(credentials_endpoint(
+                a.issue,
+                a.credentials_listen,
+                a.credentials_token_file,
+            )),
+            _ => None,
+        },
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -224,13 +232,79 @@ async fn issue_for(issue: &IssueArgs, token: u64, lock: &str) -> Result<client::
 /// `fencegate lock --credentials`: once the lock is held, session
 /// credentials bound to its token, as the command's environment.
 fn credentials_env(issue: IssueArgs) -> fencegate::locks::helper::ExtraEnv {
-    Box::new(move |token, lock| {
+    Box::new(move |token, lock, _lost| {
         Box::pin(async move {
             let got = issue_for(&issue, token, &lock)
                 .await
                 .map_err(|e| format!("cannot get credentials for token {token}: {e}"))?;
             let env = got.env(issue.s3_url.as_deref());
-            Ok(env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            Ok(fencegate::locks::helper::Extra {
+                set: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                ..Default::default()
+            })
+        })
+    })
+}
+
+/// The default lifetime of the endpoint's credentials: minutes, so that a
+/// leaked one is short-lived; renewed each half of it.
+const ENDPOINT_TTL_SECS: u64 = 900;
+
+/// `fencegate lock --credentials-endpoint`: once the lock is held, the
+/// container-credentials endpoint serving session credentials bound to its
+/// token, renewed until the lock is lost; the command's environment points
+/// at it.
+fn credentials_endpoint(
+    issue: IssueArgs,
+    listen: Option<std::net::SocketAddr>,
+    token_file: Option<std::path::PathBuf>,
+) -> fencegate::locks::helper::ExtraEnv {
+    use fencegate::locks::endpoint::{self, Creds, Issuer};
+    Box::new(move |token, lock, lost| {
+        Box::pin(async move {
+            let ttl = issue.credentials_ttl.unwrap_or(ENDPOINT_TTL_SECS);
+            let issue = std::sync::Arc::new(IssueArgs {
+                credentials_ttl: Some(ttl),
+                ..issue
+            });
+            let asking = issue.clone();
+            let issuer: Issuer = std::sync::Arc::new(move || {
+                let (issue, lock) = (asking.clone(), lock.clone());
+                Box::pin(async move {
+                    let got = issue_for(&issue, token, &lock)
+                        .await
+                        .map_err(|e| format!("cannot get credentials for token {token}: {e}"))?;
+                    Ok(Creds {
+                        access_key_id: got.access_key_id,
+                        secret_access_key: got.secret_access_key,
+                        session_token: got.session_token,
+                        expiration: got.expiration,
+                    })
+                })
+            });
+            let listen = listen.unwrap_or(([127, 0, 0, 1], 0).into());
+            let ttl = std::time::Duration::from_secs(ttl);
+            let ep = endpoint::start(listen, token_file, issuer, ttl, lost).await?;
+            eprintln!(
+                "fencegate lock: credentials for token {token} at {} (authorization token in {}), renewed every {} s",
+                ep.url,
+                ep.token_file.display(),
+                ttl.as_secs() / 2
+            );
+            let mut set = ep.env();
+            if let Some(u) = &issue.s3_url {
+                set.push(("AWS_ENDPOINT_URL".into(), u.clone()));
+            }
+            Ok(fencegate::locks::helper::Extra {
+                set,
+                remove: vec![
+                    "AWS_ACCESS_KEY_ID",
+                    "AWS_SECRET_ACCESS_KEY",
+                    "AWS_SESSION_TOKEN",
+                    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                ],
+                keep: Some(Box::new(ep)),
+            })
         })
     })
 }

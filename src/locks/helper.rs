@@ -12,6 +12,7 @@ use crate::config::access::AccessConfig;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
 /// The lock could not be taken (sysexits' EX_UNAVAILABLE).
 pub const EXIT_NOT_TAKEN: i32 = 69;
@@ -19,16 +20,29 @@ pub const EXIT_NOT_TAKEN: i32 = 69;
 pub const EXIT_LOST: i32 = 75;
 
 /// More of the command's environment, made once the lock is held from its
-/// token and key (`--credentials`: session credentials bound to the
-/// token); an error stops the run before the command starts.
+/// token, its key, and a receiver that turns true the moment the lock is
+/// lost (`--credentials`: session credentials bound to the token;
+/// `--credentials-endpoint`: where to fetch them); an error stops the run
+/// before the command starts.
 pub type ExtraEnv = Box<
     dyn FnOnce(
             u64,
             String,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<Vec<(String, String)>, String>> + Send>,
-        > + Send,
+            watch::Receiver<bool>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Extra, String>> + Send>>
+        + Send,
 >;
+
+/// What [`ExtraEnv`] adds: variables to set, variables to take away (a
+/// static key the SDKs would prefer to the endpoint), and whatever must
+/// live as long as the command (the endpoint).
+#[derive(Default)]
+pub struct Extra {
+    pub set: Vec<(String, String)>,
+    pub remove: Vec<&'static str>,
+    pub keep: Option<Box<dyn std::any::Any + Send>>,
+}
 
 /// Where the lock lives and how to hold it.
 pub struct LockSpec {
@@ -92,9 +106,10 @@ pub async fn run(mut spec: LockSpec, command: Vec<String>) -> i32 {
         spec.name,
         held.key()
     );
+    let (lost_tx, lost_rx) = watch::channel(false);
     let extra = match spec.extra_env.take() {
-        None => Vec::new(),
-        Some(make) => match make(token, held.key().to_string()).await {
+        None => Extra::default(),
+        Some(make) => match make(token, held.key().to_string(), lost_rx).await {
             Ok(env) => env,
             Err(e) => {
                 eprintln!("fencegate lock: {e}");
@@ -104,13 +119,18 @@ pub async fn run(mut spec: LockSpec, command: Vec<String>) -> i32 {
         },
     };
     // Its own process group, so that stopping it reaches its children too.
-    let child = tokio::process::Command::new(&command[0])
+    let mut child = tokio::process::Command::new(&command[0]);
+    for name in &extra.remove {
+        child.env_remove(name);
+    }
+    let child = child
         .args(&command[1..])
         .env("FENCING_TOKEN", token.to_string())
         .env("FENCING_LOCK_KEY", held.key())
-        .envs(extra)
+        .envs(extra.set)
         .process_group(0)
         .spawn();
+    let _keep = extra.keep;
     let mut child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -140,6 +160,7 @@ pub async fn run(mut spec: LockSpec, command: Vec<String>) -> i32 {
         tokio::select! {
             s = child.wait() => break s,
             why = held.lost() => {
+                lost_tx.send_replace(true);
                 eprintln!("fencegate lock: lock lost ({why}); stopping the command");
                 stop(group, &mut child, spec.kill_grace).await;
                 held.release().await;

@@ -11,6 +11,9 @@
 //! - `watch` is the one loop every holder watch runs in: connect, follow,
 //!   back off, log; each service above brings its own way of following.
 //! - [`helper`] is `fencegate lock`: hold a lock while a command runs.
+//! - [`endpoint`]: `fencegate lock --credentials-endpoint`, session
+//!   credentials for the lock's token served as the AWS container
+//!   credentials, renewed while the lock is held.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
 //!
@@ -18,6 +21,7 @@
 //! [`crate::config::locks`].
 
 pub mod eager;
+pub mod endpoint;
 pub mod etcd;
 pub mod helper;
 pub mod postgres;

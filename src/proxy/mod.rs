@@ -125,6 +125,8 @@ struct RequestCtx {
     key: Option<String>,
     /// Who signed (shared with the credential table: no copy per request).
     credential: Option<Arc<Credential>>,
+    /// A session credential's claims (its lock goes to the access log).
+    session: Option<Arc<crate::s3::session::Session>>,
     resource: Option<String>,
     token: Option<u64>,
     highest: Option<u64>,
@@ -279,6 +281,7 @@ impl Proxy {
             bucket: None,
             key: None,
             credential: None,
+            session: None,
             resource: None,
             token: None,
             highest: None,
@@ -462,6 +465,7 @@ impl Proxy {
             SystemTime::now(),
         )?;
         ctx.credential = Some(verified.credential.clone());
+        ctx.session = verified.session.clone();
         ctx.payload = verified.payload.name();
         Ok(verified)
     }
@@ -588,6 +592,7 @@ impl RequestCtx {
             bucket: self.bucket.as_deref().unwrap_or(""),
             key: self.key.as_deref().unwrap_or(""),
             access_key: self.credential.as_ref().map_or("", |c| &c.access_key_id),
+            lock: self.session.as_ref().map_or("", |s| &s.lock),
             resource: self.resource.as_deref().unwrap_or(""),
             token: self.token,
             highest: self.highest,

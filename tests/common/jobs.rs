@@ -19,6 +19,9 @@ pub struct Rig {
     pub etcd: Etcd,
     pub fg: Fencegate,
     pub dir: tempfile::TempDir,
+    /// How `fencegate lock` gives the job its credentials: `--credentials`
+    /// (the environment), or `--credentials-endpoint` and its lifetime.
+    pub credentials: Vec<String>,
 }
 
 impl Rig {
@@ -71,26 +74,33 @@ impl Rig {
             etcd: Etcd::start(),
             fg,
             dir: tempfile::tempdir().unwrap(),
+            credentials: vec!["--credentials".into()],
         }
+    }
+
+    /// Jobs fetch their credentials from `fencegate lock
+    /// --credentials-endpoint`, each lasting `ttl_secs`.
+    pub fn with_endpoint(mut self, ttl_secs: u64) -> Rig {
+        self.credentials = vec![
+            "--credentials-endpoint".into(),
+            "--credentials-ttl".into(),
+            ttl_secs.to_string(),
+        ];
+        self
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    /// `fencegate lock --credentials ... -- sh -c SCRIPT`, its environment
+    /// `fencegate lock --credentials... -- sh -c SCRIPT`, its environment
     /// `env` and a HOME of its own; the script's pid goes to `<name>.pid`.
     pub fn lock(&self, name: &str, scope: &str, script: &str, env: &[(&str, String)]) -> Command {
         let pid_file = self.path(&format!("{name}.pid"));
         let mut c = Command::new(env!("CARGO_BIN_EXE_fencegate"));
         c.args(["lock", "--etcd", &self.etcd.endpoint])
-            .args([
-                "--ttl",
-                &TTL_SECS.to_string(),
-                "--kill-grace",
-                "1",
-                "--credentials",
-            ])
+            .args(["--ttl", &TTL_SECS.to_string(), "--kill-grace", "1"])
+            .args(&self.credentials)
             .args(["--scope", scope, "job", "--", "sh", "-c"])
             .arg(format!("echo $$ > {}; {script}", pid_file.display()))
             .env("FENCEGATE_ADMIN_URL", format!("http://{}", self.fg.admin))

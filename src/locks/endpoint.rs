@@ -1,0 +1,318 @@
+//! `fencegate lock --credentials-endpoint`: session credentials for the
+//! lock's token, for as long as the lock is held, served the way the AWS
+//! SDKs fetch container credentials (docs/credentials.md).
+//!
+//! A program started with `AWS_CONTAINER_CREDENTIALS_FULL_URI` and
+//! `AWS_CONTAINER_AUTHORIZATION_TOKEN` (or `..._TOKEN_FILE`) in its
+//! environment asks that URL for `{AccessKeyId, SecretAccessKey, Token,
+//! Expiration}`, sending the token as its `Authorization` header, and asks
+//! again before `Expiration`. So credentials can be short and still last
+//! a compactor's days:
+//!
+//! - the endpoint listens on a loopback address of its own, behind a random
+//!   authorization token; a caller without it gets `401`;
+//! - it has credentials issued (by the caller's [`Issuer`]: fencegate's
+//!   admin API) at start and again each half of their lifetime, and serves
+//!   the current ones;
+//! - the moment the lock is lost it stops: every later fetch gets `503`
+//!   with a `LockLost` error, and the credentials it served run out within
+//!   their short lifetime (the fence refuses their token before that, once
+//!   the next holder writes).
+
+use futures_util::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Session credentials as the endpoint serves them.
+#[derive(Clone, Debug)]
+pub struct Creds {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: String,
+    /// ISO 8601, as issued.
+    pub expiration: String,
+}
+
+/// Issues fresh credentials for the lock's token.
+pub type Issuer = Arc<dyn Fn() -> BoxFuture<'static, Result<Creds, String>> + Send + Sync>;
+
+/// The endpoint, running until dropped.
+pub struct Endpoint {
+    pub url: String,
+    pub token: String,
+    pub token_file: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoint {
+    /// The program's environment: where to fetch and the token to show.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI".into(),
+                self.url.clone(),
+            ),
+            (
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN".into(),
+                self.token.clone(),
+            ),
+            (
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE".into(),
+                self.token_file.display().to_string(),
+            ),
+        ]
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.renewer.abort();
+        let _ = std::fs::remove_file(&self.token_file);
+    }
+}
+
+/// What the endpoint serves: the current credentials, or why none.
+struct State {
+    auth: String,
+    current: Mutex<Result<Creds, String>>,
+}
+
+/// Starts the endpoint on `listen` (a loopback address; port 0 picks one),
+/// with credentials of `ttl` from `issue`, renewed each half of `ttl`
+/// until `lost` says the lock is gone. `token_file`: where to write the
+/// authorization token (a new private file in the temporary directory when
+/// `None`). Fails when the first credentials cannot be issued.
+pub async fn start(
+    listen: SocketAddr,
+    token_file: Option<PathBuf>,
+    issue: Issuer,
+    ttl: Duration,
+    mut lost: watch::Receiver<bool>,
+) -> Result<Endpoint, String> {
+    if !listen.ip().is_loopback() {
+        return Err(format!(
+            "--credentials-listen {listen}: the endpoint listens on loopback only"
+        ));
+    }
+    let first = issue().await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("credentials endpoint on {listen}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let auth = format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    );
+    let token_file = write_token(token_file, &auth)?;
+    let state = Arc::new(State {
+        auth: auth.clone(),
+        current: Mutex::new(Ok(first)),
+    });
+    let renewing = state.clone();
+    let renewer = tokio::spawn(async move {
+        let mut every = ttl / 2;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = lost.wait_for(|l| *l) => {
+                    *renewing.lock() = Err("the lock was lost".into());
+                    return;
+                }
+            }
+            every = match issue().await {
+                Ok(c) => {
+                    *renewing.lock() = Ok(c);
+                    ttl / 2
+                }
+                Err(e) => {
+                    tracing::warn!("credentials endpoint: renewing: {e}; trying again in 1 s");
+                    Duration::from_secs(1)
+                }
+            };
+        }
+    });
+    let server = tokio::spawn(serve(listener, state));
+    Ok(Endpoint {
+        url: format!("http://{addr}/credentials"),
+        token: auth,
+        token_file,
+        server,
+        renewer,
+    })
+}
+
+impl State {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Result<Creds, String>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The answer to one fetch.
+    fn answer(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+        let shown = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if shown != Some(self.auth.as_bytes()) {
+            return json(
+                StatusCode::UNAUTHORIZED,
+                serde_json::json!({"Code": "Unauthorized",
+                    "Message": "the Authorization header must be AWS_CONTAINER_AUTHORIZATION_TOKEN"}),
+            );
+        }
+        match &*self.lock() {
+            Ok(c) => json(
+                StatusCode::OK,
+                serde_json::json!({
+                    "AccessKeyId": c.access_key_id,
+                    "SecretAccessKey": c.secret_access_key,
+                    "Token": c.session_token,
+                    "Expiration": c.expiration,
+                }),
+            ),
+            Err(why) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"Code": "LockLost",
+                    "Message": format!("fencegate lock issues no more credentials: {why}")}),
+            ),
+        }
+    }
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Serves fetches until the task is aborted.
+async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) {
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let resp = state.answer(&req);
+                async move { Ok::<_, std::convert::Infallible>(resp) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(sock), service)
+                .await;
+        });
+    }
+}
+
+/// Writes the authorization token to `path` (or a new private file),
+/// readable by its owner only.
+fn write_token(path: Option<PathBuf>, token: &str) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = path.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "fencegate-lock-{}-{:08x}.token",
+            std::process::id(),
+            rand::random::<u32>()
+        ))
+    });
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot write the token file {}: {e}", path.display()))?;
+    f.write_all(token.as_bytes())
+        .map_err(|e| format!("cannot write the token file {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer(n: Arc<std::sync::atomic::AtomicU32>) -> Issuer {
+        Arc::new(move || {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                Ok(Creds {
+                    access_key_id: format!("FGS{i}"),
+                    secret_access_key: "s".into(),
+                    session_token: "t".into(),
+                    expiration: "2030-01-01T00:00:00Z".into(),
+                })
+            })
+        })
+    }
+
+    async fn fetch(url: &str, auth: Option<&str>) -> (u16, serde_json::Value) {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let mut req = Request::get(url);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = client.request(req.body(Full::default()).unwrap()).await;
+        let resp = resp.unwrap();
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn it_serves_renewed_credentials_to_the_token_only_until_the_lock_is_lost() {
+        let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (lost, rx) = watch::channel(false);
+        let ttl = Duration::from_millis(400);
+        let ep = start("127.0.0.1:0".parse().unwrap(), None, issuer(n), ttl, rx)
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&ep.token_file).unwrap(), ep.token);
+        let (status, _) = fetch(&ep.url, None).await;
+        assert_eq!(status, 401);
+        let (status, _) = fetch(&ep.url, Some("wrong")).await;
+        assert_eq!(status, 401);
+        let (status, first) = fetch(&ep.url, Some(&ep.token)).await;
+        assert_eq!(status, 200);
+        assert_eq!(first["AccessKeyId"], "FGS0");
+        assert_eq!(first["Token"], "t");
+        tokio::time::sleep(ttl).await;
+        let (_, later) = fetch(&ep.url, Some(&ep.token)).await;
+        assert_ne!(later["AccessKeyId"], "FGS0", "renewed within its lifetime");
+        lost.send_replace(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (status, gone) = fetch(&ep.url, Some(&ep.token)).await;
+        assert_eq!(status, 503);
+        assert_eq!(gone["Code"], "LockLost");
+        let file = ep.token_file.clone();
+        drop(ep);
+        assert!(!file.exists());
+    }
+
+    #[tokio::test]
+    async fn it_listens_on_loopback_only() {
+        let (_lost, rx) = watch::channel(false);
+        let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let at = "0.0.0.0:0".parse().unwrap();
+        let err = start(at, None, issuer(n), Duration::from_secs(60), rx).await;
+        assert!(err.err().unwrap().contains("loopback only"));
+    }
+}

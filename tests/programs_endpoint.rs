@@ -1,0 +1,147 @@
+//! Programs nobody here wrote, unmodified, fetching their credentials from
+//! `fencegate lock --credentials-endpoint` (issue #49;
+//! docs/credentials.md): the AWS container-credentials protocol, served
+//! by the lock helper for as long as it holds the lock, with credentials
+//! of [`TTL`] seconds renewed each half of that. Each program runs past
+//! [`LIFETIMES`] lifetimes of its credentials without a failed request:
+//!
+//! - boto3 (one client for the whole run), obstore (one store) and the aws
+//!   CLI; then the zombie, as in `tests/programs.rs`: paused past its
+//!   lock, the next holder writes, and nothing the old holder sends after
+//!   that lands;
+//! - rclone `copy` with `env_auth = true` (aws-sdk-go);
+//! - restic `backup` (minio-go).
+
+mod common;
+
+use common::jobs::{Rig, access_key_of, random_files, venv_bin, writes_landed};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The credentials' lifetime, in seconds.
+const TTL: u64 = 4;
+/// How many lifetimes each program outlives.
+const LIFETIMES: u64 = 3;
+
+/// The lines of `path` once one contains `needle` (up to `secs`).
+fn lines_once(path: &std::path::Path, needle: &str, secs: u64) -> Vec<String> {
+    common::wait_until(secs, needle, || {
+        std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle))
+    });
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines().map(str::to_string).collect()
+}
+
+/// The access keys that `lock` wrote with (PUTs answered 200), from the
+/// access log: each renewal is a new key.
+fn keys_of(rig: &Rig, lock: &str) -> HashSet<String> {
+    let lock = format!("lock=\"{lock}\"");
+    let puts = rig.log_lines(0, &[&lock, "method=PUT", "status=200"]);
+    puts.iter().map(|l| access_key_of(l)).collect()
+}
+
+#[test]
+fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_lands_nothing() {
+    let rig = Rig::start("jobs/").with_endpoint(TTL);
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs/endpoint_clients.py");
+    let run = |name: &str, secs: u64| {
+        format!(
+            "exec {} {} {name} {secs} {name}.go {name}.results",
+            venv_bin("python"),
+            script.display()
+        )
+    };
+    let env = [
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+        ("PATH", format!("{}:/usr/bin:/bin", venv_bin(""))),
+    ];
+    let a = rig.spawn("a", "demo/jobs/", &run("a", TTL * LIFETIMES + 1), &env);
+    let a_results = rig.path("a.results");
+    let phase1 = lines_once(&a_results, "a phase-1 done", 120);
+    let failed: Vec<_> = phase1.iter().filter(|l| l.contains("failed")).collect();
+    assert!(failed.is_empty(), "A's requests failed: {failed:?}");
+    assert!(phase1.len() > 3 * 3, "{phase1:?}");
+    let a_lock = std::fs::read_to_string(rig.path("a.lock")).unwrap();
+    let renewed = keys_of(&rig, &a_lock).len();
+    assert!(
+        renewed as u64 >= LIFETIMES,
+        "A wrote with {renewed} credentials in {LIFETIMES} lifetimes"
+    );
+
+    rig.pause_past_its_lock(&a);
+    std::fs::write(rig.path("b.go"), "").unwrap();
+    let (code, out) = rig.run("b", "demo/jobs/", &run("b", 0), &env);
+    assert_eq!(code, 0, "{out}");
+    let b = lines_once(&rig.path("b.results"), "cli last", 10);
+    let b_last = b.iter().filter(|l| l.contains(" last "));
+    assert!(b_last.clone().count() == 3, "B: {b:?}");
+    assert!(b_last.clone().all(|l| l.ends_with(" ok")), "B: {b:?}");
+
+    // A's program wakes while its supervisor (and the endpoint) sleeps:
+    // whatever it sends now lands nowhere.
+    let b_from = rig.log_len();
+    std::fs::write(rig.path("a.go"), "").unwrap();
+    a.resume_program();
+    std::thread::sleep(Duration::from_secs(8));
+    let (code, out) = a.finish();
+    assert_eq!(code, Some(75), "A's helper stops it, the lock lost: {out}");
+    let after = rig.log_lines(b_from, &[&format!("lock=\"{a_lock}\"")]);
+    assert!(
+        writes_landed(&after).is_empty(),
+        "A's writes landed: {after:?}"
+    );
+    let last = std::fs::read_to_string(&a_results).unwrap();
+    let last: Vec<_> = last.lines().filter(|l| l.contains(" last ")).collect();
+    assert!(last.iter().all(|l| l.contains("failed")), "{last:?}");
+}
+
+#[test]
+fn rclone_copies_past_several_lifetimes_of_its_endpoint_credentials() {
+    let rig = Rig::start("mirror/").with_endpoint(TTL);
+    // 1.2 MB at 80 KiB/s: about 15 s, past three lifetimes of 4 s.
+    random_files(&rig.path("src"), 6, 200_000);
+    let env = [
+        ("RCLONE_CONFIG_FG_TYPE", "s3".to_string()),
+        ("RCLONE_CONFIG_FG_PROVIDER", "Other".to_string()),
+        ("RCLONE_CONFIG_FG_ENV_AUTH", "true".to_string()),
+        ("RCLONE_CONFIG_FG_REGION", "us-east-1".to_string()),
+        ("RCLONE_CONFIG_FG_ENDPOINT", rig.fg.endpoint()),
+    ];
+    let copy = "exec rclone copy src fg:demo/mirror --transfers 1 --bwlimit 80k \
+                --retries 1 --low-level-retries 1";
+    let started = std::time::Instant::now();
+    let (code, out) = rig.run("a", "demo/mirror/", copy, &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(started.elapsed() > Duration::from_secs(TTL * LIFETIMES));
+    let (code, out) = rig.run(
+        "check",
+        "demo/mirror/",
+        "exec rclone check src fg:demo/mirror",
+        &env,
+    );
+    assert_eq!(code, 0, "{out}");
+    let puts = rig.log_lines(0, &["method=PUT", "key=\"mirror/", "status=200"]);
+    let keys: HashSet<String> = puts.iter().map(|l| access_key_of(l)).collect();
+    assert!(keys.len() >= 2, "rclone renewed its credentials: {keys:?}");
+}
+
+#[test]
+fn restic_backs_up_past_several_lifetimes_of_its_endpoint_credentials() {
+    let rig = Rig::start("repo/").with_endpoint(TTL);
+    let repo = format!("s3:{}/demo/repo", rig.fg.endpoint());
+    let env = [
+        ("RESTIC_REPOSITORY", repo),
+        ("RESTIC_PASSWORD", "fencegate-test".to_string()),
+    ];
+    // 4 MB at 300 KiB/s: about 14 s, past three lifetimes of 4 s.
+    random_files(&rig.path("data"), 4, 1_000_000);
+    let started = std::time::Instant::now();
+    let script = "restic init && restic backup --limit-upload 300 data && restic check";
+    let (code, out) = rig.run("a", "demo/repo/", script, &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(started.elapsed() > Duration::from_secs(TTL * LIFETIMES));
+    assert!(out.contains("no errors were found"), "{out}");
+}
