@@ -374,7 +374,8 @@ async fn a_replica_cut_off_from_etcd_fails_its_write_before_the_last_bytes() {
     // it does not know is relayed to B, which admits it
     // (tests/cluster_partitions.rs).
     let r = ra.send(RawRequest::put("/demo/other", "x").token(1)).await;
-    assert_eq!(r.unwrap().status, 200);
+    let r = r.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(
         be.object("demo", "other").unwrap(),
         Bytes::from_static(b"x")

@@ -153,8 +153,12 @@ async fn an_owner_cut_off_from_etcd_is_sent_to_once_and_hands_over_when_its_leas
 async fn a_replica_cut_off_from_etcd_relays_what_it_cannot_admit_to_a_peer() {
     let etcd = EtcdCluster::start();
     let be = TestBackend::start().await;
-    let (a, _b, relays) = one_cut_off(&be.as_fencegate_backend(), &etcd, TTL_MS);
-    let ca = RawClient::new(&a.endpoint());
+    let (a, b, relays) = one_cut_off(&be.as_fencegate_backend(), &etcd, TTL_MS);
+    let (ca, cb) = (RawClient::new(&a.endpoint()), RawClient::new(&b.endpoint()));
+    // A has heard of B (a replica knows its peers from etcd; here, before
+    // the cut, through a write forwarded to B).
+    assert_eq!(cb.send(put("b", 1)).await.unwrap().status, 200);
+    assert_eq!(ca.send(put("b", 1)).await.unwrap().status, 200);
     relays.iter().for_each(|r| r.freeze(true));
     wait_lease_lapsed(&a).await;
     let r = ca.send(put("fresh", 1)).await.unwrap();

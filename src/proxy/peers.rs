@@ -8,8 +8,10 @@
 //! watchdog: every [`PING_AFTER`], while forwards to it are in flight, it
 //! pings the replica on a connection of its own ([`PING`]); a ping not
 //! answered within [`PING_WAIT`] tells every forward in flight there to
-//! give up. A replica that is only slow (a large body, a slow backend)
-//! answers its pings, and its forwards go on. Per forward this costs a
+//! give up; when the ping went unanswered (a partition, not a replica
+//! that refuses connections, which has died), new forwards there are
+//! refused at once (`503`, nothing sent) until a ping is answered again. A replica that is only slow (a
+//! large body, a slow backend) answers its pings, and its forwards go on. Per forward this costs a
 //! counter and a channel subscription, not a timer.
 //!
 //! A ping may carry a successor's question ([`LANDED`]): a replica that
@@ -57,6 +59,9 @@ pub struct Peer {
     forwards: AtomicUsize,
     /// Why it stopped answering, each time a ping finds it so.
     unanswered: watch::Sender<String>,
+    /// The last ping found it unreachable: new forwards are refused at
+    /// once (nothing sent) until a ping is answered again.
+    down: std::sync::atomic::AtomicBool,
 }
 
 /// A forward in flight to a [`Peer`]: counted while it lives.
@@ -93,6 +98,7 @@ impl Peers {
                 pool: Pool::new(self.tls.clone(), uri, Duration::from_secs(30)),
                 forwards: AtomicUsize::new(0),
                 unanswered: watch::channel(String::new()).0,
+                down: Default::default(),
             });
             tokio::spawn(watchdog(Arc::downgrade(&peer), url.to_string()));
             peer
@@ -102,6 +108,17 @@ impl Peers {
 }
 
 impl Peer {
+    /// Why a forward there would be given up at once: its last ping was
+    /// not answered (a partition between replicas), so a request sent now
+    /// would only wait for the next ping to fail. Refusing it at once
+    /// (nothing sent) lets the balancer or the client try another replica,
+    /// maybe the owner itself.
+    pub fn down(&self) -> Option<String> {
+        self.down
+            .load(Ordering::Relaxed)
+            .then(|| self.unanswered.borrow().clone())
+    }
+
     /// Counts a forward in flight until the returned guard drops.
     pub fn forward(&self) -> Forward<'_> {
         self.forwards.fetch_add(1, Ordering::Relaxed);
@@ -135,19 +152,33 @@ async fn watchdog(peer: Weak<Peer>, url: String) {
     loop {
         tokio::time::sleep(PING_AFTER).await;
         let Some(peer) = peer.upgrade() else { return };
-        if peer.forwards.load(Ordering::Relaxed) == 0 {
+        let down = peer.down.load(Ordering::Relaxed);
+        if peer.forwards.load(Ordering::Relaxed) == 0 && !down {
             continue;
         }
-        let why = match tokio::time::timeout(PING_WAIT, peer.pool.send_fresh(ping(&url))).await {
-            Ok(Ok(_)) => continue,
-            Ok(Err(e)) => format!("stopped answering ({e})"),
-            Err(_) => format!("did not answer a ping within {} s", PING_WAIT.as_secs()),
-        };
-        tracing::warn!(
-            replica = url,
-            "forwards to another replica given up: it {why}"
-        );
+        // Only a ping left unanswered marks the replica down: one that
+        // refuses connections has died, and its resources are taken here
+        // once its lease ends, which a forward waits for.
+        let (why, silent) =
+            match tokio::time::timeout(PING_WAIT, peer.pool.send_fresh(ping(&url))).await {
+                Ok(Ok(_)) => {
+                    peer.down.store(false, Ordering::Relaxed);
+                    continue;
+                }
+                Ok(Err(e)) => (format!("stopped answering ({e})"), false),
+                Err(_) => (
+                    format!("did not answer a ping within {} s", PING_WAIT.as_secs()),
+                    true,
+                ),
+            };
+        if !down {
+            tracing::warn!(
+                replica = url,
+                "forwards to another replica given up until it answers again: it {why}"
+            );
+        }
         peer.unanswered.send_replace(why);
+        peer.down.store(silent, Ordering::Relaxed);
     }
 }
 

@@ -297,6 +297,11 @@ impl Proxy {
             return pause(body, deadline, || unreached("its lease has ended".into())).await;
         };
         let peer = peers.get(&url)?;
+        if let Some(why) = peer.down() {
+            return Err(S3Error::SlowDown(format!(
+                "replica {owner}, which owns {resource}, {why}; nothing was done"
+            )));
+        }
         let mut forward = peer.forward();
         let replay = body.replay();
         let mut body = Some(body);

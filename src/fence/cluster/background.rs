@@ -27,7 +27,7 @@ impl Cluster {
     /// that history is gone it reports a [`Seen::Gap`].
     pub async fn follow_raises(self: Arc<Self>, seen: impl Fn(Seen<'_>) + Send) {
         let fences = self.keys.fences();
-        self.watch_prefix(fences, |resp| {
+        self.watch_prefix(fences, None, |resp| {
             let Some(resp) = resp else {
                 return seen(Seen::Gap);
             };
@@ -57,9 +57,10 @@ impl Cluster {
     pub(super) async fn watch_prefix(
         &self,
         prefix: String,
+        from: Option<i64>,
         mut each: impl FnMut(Option<&WatchResponse>),
     ) {
-        let mut next: Option<i64> = None;
+        let mut next: Option<i64> = from;
         loop {
             let mut opts = WatchOptions::new().with_prefix();
             if let Some(rev) = next {

@@ -75,8 +75,8 @@ impl Cluster {
     /// is a replica whose lease ended (replica names are never reused).
     pub(super) async fn follow_replicas(self: Arc<Self>) {
         let all = self.keys.replica("");
-        self.list_replicas(&all).await;
-        self.watch_prefix(all.clone(), |resp| {
+        let listed = self.list_replicas(&all).await;
+        self.watch_prefix(all.clone(), listed.map(|r| r + 1), |resp| {
             // After a gap, every address is looked up again.
             let Some(resp) = resp else {
                 return self.addresses.clear();
@@ -97,10 +97,10 @@ impl Cluster {
         .await
     }
 
-    /// Reads every replica's address once (the watch then follows them),
-    /// so that a replica cut off from etcd later knows its peers
-    /// ([`Cluster::some_peer`]).
-    async fn list_replicas(&self, all: &str) {
+    /// Reads every replica's address once, so that a replica cut off from
+    /// etcd later knows its peers ([`Cluster::some_peer`]); the revision
+    /// read at, from which the watch then follows them.
+    async fn list_replicas(&self, all: &str) -> Option<i64> {
         let opts = etcd_client::GetOptions::new().with_prefix();
         for _ in 0..20 {
             let mut kv = self.client.kv_client();
@@ -110,10 +110,11 @@ impl Cluster {
                     let url = String::from_utf8_lossy(kv.value()).into_owned();
                     self.addresses.insert(name, url);
                 }
-                return;
+                return resp.header().map(|h| h.revision());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        None
     }
 
     /// The URL of another replica whose lease stood when last heard of,
