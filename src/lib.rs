@@ -58,7 +58,7 @@
 //! - [`fence::store`]: `FenceStore`, and its redb implementation
 //!   (`fences.redb`, through [`redb_file`]), a single node's.
 //!
-//! The S3 front (→ fence, config, metric_names):
+//! The S3 front (→ fence, body, config, metric_names, utc):
 //!
 //! - [`s3::op`]: which operation a request is, which ones are fenced writes.
 //! - [`s3::names`]: bucket names, keys and copy sources in the one form that
@@ -82,7 +82,7 @@
 //! - [`s3::xml`]: the backend's XML answers fencegate reads.
 //! - [`s3::error`]: one error enum, rendered as S3 XML in one place.
 //!
-//! The backend (→ s3, tls, store):
+//! The backend (→ s3, store, body, tls, metric_names):
 //!
 //! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`,
 //!   or in-process to the embedded store; [`upstream::pool`]: the kept
@@ -107,7 +107,8 @@
 //! - [`redb_file`] (a leaf): a redb file reopened by itself after a disk
 //!   error, for the store's index and the fence store.
 //!
-//! A request's life (→ fence, s3, upstream, body, config, metric_names):
+//! A request's life (→ fence, s3, upstream, access_log, body, config,
+//! metric_names, tls):
 //!
 //! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
 //!   exit, one log event; `admit.rs` is its token and its admission by the
@@ -126,10 +127,11 @@
 //!
 //! Around it:
 //!
-//! - [`admin`] (→ fence, s3, upstream, store, body, config): health, readiness, fences,
-//!   manual raise, `/metrics` (`admin::metrics` installs the recorder);
-//!   `admin::client` is `fencegate fences ...`; `admin::transfer` is
-//!   `fences export` and `import`.
+//! - [`admin`] (→ fence, s3, upstream, store, body, config, metric_names):
+//!   health, readiness, fences, manual raise, session credentials,
+//!   `/metrics` (`admin::metrics` installs the recorder); `admin::client`
+//!   is `fencegate fences ...`; `admin::transfer` is `fences export` and
+//!   `import`.
 //! - [`locks`] (→ access, fence, config, metric_names): etcd, ZooKeeper, Redis and PostgreSQL, the
 //!   token sources known by name, each a lock, its token and a watch of
 //!   its holder (`etcd.rs`, `zookeeper.rs`, `redis.rs`, `postgres.rs`);

@@ -1,6 +1,7 @@
 //! fencegate's own embedded object store: the default backend, behind the
 //! `s3s` crate's `S3` trait (s3s reads and writes S3's HTTP forms), which
-//! `upstream::embedded` serves on a loopback port. It keeps every write it
+//! `upstream::embedded` calls in-process, with no socket (and serves alone
+//! on a socket for `fencegate bench store`). It keeps every write it
 //! acknowledged (CONTRACT §9) by construction:
 //!
 //! - bytes go to blob files (`blobs.rs`), written whole and made durable
