@@ -168,3 +168,51 @@ async fn a_replica_cut_off_from_etcd_relays_what_it_cannot_admit_to_a_peer() {
     assert_eq!(r.status, 409, "{}", r.body);
     relays.iter().for_each(|r| r.freeze(false));
 }
+
+/// The measurement behind docs/cluster.md's restart figure (ignored: a
+/// timing, not a pass/fail): at the default lease (5 s), a replica killed
+/// and started again on its data directory, its resource quiet; the time
+/// from the new process listening to the first write accepted through it
+/// and through another replica. Three restarts.
+#[tokio::test]
+#[ignore = "a measurement (docs/cluster.md): cargo test --test cluster_partitions -- --ignored --nocapture"]
+async fn restart_serve_times() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let mut a = replica_with(&backend, &etcd.endpoints_toml(), "", 5000);
+    let b = replica_with(&backend, &etcd.endpoints_toml(), "", 5000);
+    let cb = RawClient::new(&b.endpoint());
+    let mut token = 1;
+    for round in 0..3 {
+        let key = format!("restart-{round}");
+        token += 1;
+        let ca = RawClient::new(&a.endpoint());
+        assert_eq!(ca.send(put(&key, token)).await.unwrap().status, 200);
+        wait_etcd_op(&a, "unmark").await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let killed = std::time::Instant::now();
+        a.kill9_and_restart();
+        let listening = std::time::Instant::now();
+        let ca = RawClient::new(&a.endpoint());
+        let mut through = Vec::new();
+        for client in [&ca, &cb] {
+            token += 1;
+            loop {
+                let r = client.send(put(&key, token)).await.unwrap();
+                if r.status == 200 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            through.push(listening.elapsed());
+        }
+        println!(
+            "restart {round}: listening {:.0} ms after the kill; first write accepted {:.0} ms \
+             after listening through the restarted replica, {:.0} ms through the other",
+            (listening - killed).as_secs_f64() * 1000.0,
+            through[0].as_secs_f64() * 1000.0,
+            through[1].as_secs_f64() * 1000.0
+        );
+    }
+}

@@ -145,8 +145,9 @@ pub struct ServerConfig {
     /// TLS on the S3 listener: PEM certificate chain and private key.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
-    /// Bearer token for admin writes (`POST /fences/...`); falls back to
-    /// `FENCEGATE_ADMIN_TOKEN`. Without one, raising by hand is disabled.
+    /// Bearer token for admin writes (`POST /fences/...`, `POST
+    /// /credentials`); falls back to `FENCEGATE_ADMIN_TOKEN`. Without one,
+    /// raising by hand and issuing session credentials are disabled.
     pub admin_token: Option<Secret>,
 }
 

@@ -395,6 +395,9 @@ impl Proxy {
             return Err(why);
         };
         let peer = peers.get(&url)?;
+        if peer.down().is_some() {
+            return Err(why);
+        }
         let mut forward = peer.forward();
         let built = std::sync::atomic::AtomicBool::new(false);
         let me = HeaderValue::from_str(c.replica_name()).expect("a hex name");
