@@ -9,8 +9,10 @@
 //!   CLI; then the zombie, as in `tests/programs.rs`: paused past its
 //!   lock, the next holder writes, and nothing the old holder sends after
 //!   that lands;
-//! - rclone `copy` with `env_auth = true` (aws-sdk-go);
-//! - restic `backup` (minio-go).
+//! - rclone `copy` with `env_auth = true` (aws-sdk-go), then a `sync`
+//!   playing the zombie;
+//! - restic `backup` (minio-go), then a backup playing the zombie against
+//!   the next holder's prune (restic#3126).
 
 mod common;
 
@@ -99,7 +101,7 @@ fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_land
 }
 
 #[test]
-fn rclone_copies_past_several_lifetimes_of_its_endpoint_credentials() {
+fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
     let rig = Rig::start("mirror/").with_endpoint(TTL);
     // 1.2 MB at 80 KiB/s: about 15 s, past three lifetimes of 4 s.
     random_files(&rig.path("src"), 6, 200_000);
@@ -126,10 +128,60 @@ fn rclone_copies_past_several_lifetimes_of_its_endpoint_credentials() {
     let puts = rig.log_lines(0, &["method=PUT", "key=\"mirror/", "status=200"]);
     let keys: HashSet<String> = puts.iter().map(|l| access_key_of(l)).collect();
     assert!(keys.len() >= 2, "rclone renewed its credentials: {keys:?}");
+
+    // The zombie: a sync paused past its lock, the next holder's sync,
+    // and the paused one resumed: nothing of it lands, and the mirror is
+    // the next holder's copy.
+    random_files(&rig.path("src-a"), 6, 300_000);
+    random_files(&rig.path("src-b"), 3, 1000);
+    let sync = |src: &str, extra: &str| {
+        format!("exec rclone sync {src} fg:demo/mirror --retries 1 --low-level-retries 1 {extra}")
+    };
+    let from = rig.log_len();
+    let a = rig.spawn(
+        "a2",
+        "demo/mirror/",
+        &sync("src-a", "--transfers 1 --bwlimit 300k"),
+        &env,
+    );
+    let put = ["method=PUT", "key=\"mirror/", "status=200"];
+    rig.wait_log(from, &put, 2, "A to copy two files");
+    rig.pause_past_its_lock(&a);
+    let a_lock = lock_in(&rig.log_lines(from, &put)[0]);
+    let (code, out) = rig.run("b", "demo/mirror/", &sync("src-b", ""), &env);
+    assert_eq!(code, 0, "{out}");
+    zombie_lands_nothing(&rig, a, &a_lock);
+    let check = "exec rclone check src-b fg:demo/mirror";
+    let (code, out) = rig.run("check2", "demo/mirror/", check, &env);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// The lock a request was made under, from its access log line.
+fn lock_in(line: &str) -> String {
+    let at = line.find(" lock=\"").expect("a lock") + 7;
+    line[at..].split('"').next().unwrap().to_string()
+}
+
+/// The zombie under the endpoint: `job`'s program wakes while its
+/// supervisor, and the endpoint with it, sleeps; nothing it sends from
+/// then on lands (it cannot renew, and what it still holds carries a
+/// stale token). Then its supervisor wakes, finds the lock lost and stops
+/// it (exit 75).
+fn zombie_lands_nothing(rig: &Rig, job: common::jobs::Job, lock: &str) {
+    let from = rig.log_len();
+    job.resume_program();
+    std::thread::sleep(Duration::from_secs(6));
+    let (code, out) = job.finish();
+    assert_eq!(code, Some(75), "the helper stops it, the lock lost: {out}");
+    let after = rig.log_lines(from, &[&format!("lock=\"{lock}\"")]);
+    assert!(
+        writes_landed(&after).is_empty(),
+        "the zombie's writes landed: {after:?}"
+    );
 }
 
 #[test]
-fn restic_backs_up_past_several_lifetimes_of_its_endpoint_credentials() {
+fn restic_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
     let rig = Rig::start("repo/").with_endpoint(TTL);
     let repo = format!("s3:{}/demo/repo", rig.fg.endpoint());
     let env = [
@@ -143,5 +195,26 @@ fn restic_backs_up_past_several_lifetimes_of_its_endpoint_credentials() {
     let (code, out) = rig.run("a", "demo/repo/", script, &env);
     assert_eq!(code, 0, "{out}");
     assert!(started.elapsed() > Duration::from_secs(TTL * LIFETIMES));
+    assert!(out.contains("no errors were found"), "{out}");
+
+    // The zombie, as in tests/programs.rs: a backup paused with packs up
+    // and no index, the next holder's prune deletes them, the backup
+    // resumes: nothing of it lands, and the repository is whole.
+    random_files(&rig.path("more"), 6, 4_000_000);
+    let from = rig.log_len();
+    let backup = "exec restic backup --pack-size 4 --limit-upload 4000 more";
+    let a = rig.spawn("a2", "demo/repo/", backup, &env);
+    let data_put = ["method=PUT", "key=\"repo/data/", "status=200"];
+    rig.wait_log(from, &data_put, 2, "A to upload two packs");
+    rig.pause_past_its_lock(&a);
+    let a_lock = lock_in(&rig.log_lines(from, &data_put)[0]);
+    let prune = "restic unlock --remove-all && restic prune";
+    let (code, out) = rig.run("b", "demo/repo/", prune, &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deleting unreferenced packs"), "{out}");
+    zombie_lands_nothing(&rig, a, &a_lock);
+    let check = "restic check --read-data && restic snapshots";
+    let (code, out) = rig.run("check", "demo/repo/", check, &env);
+    assert_eq!(code, 0, "{out}");
     assert!(out.contains("no errors were found"), "{out}");
 }
