@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::jobs::{Rig, access_key_of, random_files, results, venv_bin};
+use common::jobs::{Rig, access_key_of, random_files, rclone_env, rclone_sync, results, venv_bin};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -136,21 +136,12 @@ fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy() {
     random_files(&rig.path("src-b"), 3, 1000);
     // rclone's remote from the environment: env_auth reads the
     // credentials fencegate lock gives the program.
-    let env = [
-        ("RCLONE_CONFIG_FG_TYPE", "s3".to_string()),
-        ("RCLONE_CONFIG_FG_PROVIDER", "Other".to_string()),
-        ("RCLONE_CONFIG_FG_ENV_AUTH", "true".to_string()),
-        ("RCLONE_CONFIG_FG_REGION", "us-east-1".to_string()),
-        ("RCLONE_CONFIG_FG_ENDPOINT", rig.fg.endpoint()),
-    ];
-    let sync = |src: &str, extra: &str| {
-        format!("exec rclone sync {src} fg:demo/mirror --retries 1 --low-level-retries 1 {extra}")
-    };
+    let env = rclone_env(rig.fg.endpoint());
     let from = rig.log_len();
     let a = rig.spawn(
         "a",
         "demo/mirror/",
-        &sync("src-a", "--transfers 1 --bwlimit 300k"),
+        &rclone_sync("src-a", "--transfers 1 --bwlimit 300k"),
         &env,
     );
     let put = ["method=PUT", "key=\"mirror/", "status=200"];
@@ -158,7 +149,7 @@ fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy() {
     rig.pause_past_its_lock(&a);
     let a_key = access_key_of(&rig.log_lines(from, &put)[0]);
 
-    let (code, out) = rig.run("b", "demo/mirror/", &sync("src-b", ""), &env);
+    let (code, out) = rig.run("b", "demo/mirror/", &rclone_sync("src-b", ""), &env);
     assert_eq!(code, 0, "{out}");
 
     let b_from = rig.log_len();

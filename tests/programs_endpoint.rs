@@ -16,7 +16,9 @@
 
 mod common;
 
-use common::jobs::{Rig, access_key_of, random_files, venv_bin, writes_landed};
+use common::jobs::{
+    Rig, access_key_of, random_files, rclone_env, rclone_sync, venv_bin, writes_landed,
+};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -84,17 +86,8 @@ fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_land
 
     // A's program wakes while its supervisor (and the endpoint) sleeps:
     // whatever it sends now lands nowhere.
-    let b_from = rig.log_len();
     std::fs::write(rig.path("a.go"), "").unwrap();
-    a.resume_program();
-    std::thread::sleep(Duration::from_secs(8));
-    let (code, out) = a.finish();
-    assert_eq!(code, Some(75), "A's helper stops it, the lock lost: {out}");
-    let after = rig.log_lines(b_from, &[&format!("lock=\"{a_lock}\"")]);
-    assert!(
-        writes_landed(&after).is_empty(),
-        "A's writes landed: {after:?}"
-    );
+    zombie_lands_nothing(&rig, a, &a_lock);
     let last = std::fs::read_to_string(&a_results).unwrap();
     let last: Vec<_> = last.lines().filter(|l| l.contains(" last ")).collect();
     assert!(last.iter().all(|l| l.contains("failed")), "{last:?}");
@@ -105,13 +98,7 @@ fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
     let rig = Rig::start("mirror/").with_endpoint(TTL);
     // 1.2 MB at 80 KiB/s: about 15 s, past three lifetimes of 4 s.
     random_files(&rig.path("src"), 6, 200_000);
-    let env = [
-        ("RCLONE_CONFIG_FG_TYPE", "s3".to_string()),
-        ("RCLONE_CONFIG_FG_PROVIDER", "Other".to_string()),
-        ("RCLONE_CONFIG_FG_ENV_AUTH", "true".to_string()),
-        ("RCLONE_CONFIG_FG_REGION", "us-east-1".to_string()),
-        ("RCLONE_CONFIG_FG_ENDPOINT", rig.fg.endpoint()),
-    ];
+    let env = rclone_env(rig.fg.endpoint());
     let copy = "exec rclone copy src fg:demo/mirror --transfers 1 --bwlimit 80k \
                 --retries 1 --low-level-retries 1";
     let started = std::time::Instant::now();
@@ -134,21 +121,18 @@ fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
     // the next holder's copy.
     random_files(&rig.path("src-a"), 6, 300_000);
     random_files(&rig.path("src-b"), 3, 1000);
-    let sync = |src: &str, extra: &str| {
-        format!("exec rclone sync {src} fg:demo/mirror --retries 1 --low-level-retries 1 {extra}")
-    };
     let from = rig.log_len();
     let a = rig.spawn(
         "a2",
         "demo/mirror/",
-        &sync("src-a", "--transfers 1 --bwlimit 300k"),
+        &rclone_sync("src-a", "--transfers 1 --bwlimit 300k"),
         &env,
     );
     let put = ["method=PUT", "key=\"mirror/", "status=200"];
     rig.wait_log(from, &put, 2, "A to copy two files");
     rig.pause_past_its_lock(&a);
     let a_lock = lock_in(&rig.log_lines(from, &put)[0]);
-    let (code, out) = rig.run("b", "demo/mirror/", &sync("src-b", ""), &env);
+    let (code, out) = rig.run("b", "demo/mirror/", &rclone_sync("src-b", ""), &env);
     assert_eq!(code, 0, "{out}");
     zombie_lands_nothing(&rig, a, &a_lock);
     let check = "exec rclone check src-b fg:demo/mirror";

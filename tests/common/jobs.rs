@@ -260,6 +260,24 @@ impl Drop for Job {
     }
 }
 
+/// rclone's remote `fg:` from the environment, on fencegate at `endpoint`:
+/// `env_auth` reads whatever credentials `fencegate lock` gives the program
+/// (the variables, or the endpoint).
+pub fn rclone_env(endpoint: String) -> [(&'static str, String); 5] {
+    [
+        ("RCLONE_CONFIG_FG_TYPE", "s3".to_string()),
+        ("RCLONE_CONFIG_FG_PROVIDER", "Other".to_string()),
+        ("RCLONE_CONFIG_FG_ENV_AUTH", "true".to_string()),
+        ("RCLONE_CONFIG_FG_REGION", "us-east-1".to_string()),
+        ("RCLONE_CONFIG_FG_ENDPOINT", endpoint),
+    ]
+}
+
+/// `rclone sync SRC fg:demo/mirror`, one try per file, with `extra` flags.
+pub fn rclone_sync(src: &str, extra: &str) -> String {
+    format!("exec rclone sync {src} fg:demo/mirror --retries 1 --low-level-retries 1 {extra}")
+}
+
 pub fn random_files(dir: &Path, n: usize, size: usize) {
     std::fs::create_dir_all(dir).unwrap();
     for i in 0..n {
