@@ -57,12 +57,12 @@ fn put(raw: &Arc<RawClient>, body: &'static str, token: u64) -> Pending {
     })
 }
 
-/// Sends what `req` makes, again after a 503 (up to three times), as
-/// S3 clients do.
+/// Sends what `req` makes, again after a 502 or 503 (up to three times),
+/// as the SDKs' standard retry mode does.
 async fn send_retrying(raw: &RawClient, req: impl Fn() -> RawRequest) -> RawResponse {
     let mut r = raw.send(req()).await.unwrap();
     for _ in 0..3 {
-        if r.status != 503 {
+        if r.status != 503 && r.status != 502 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -315,8 +315,9 @@ async fn a_replica_paused_past_its_lease_does_not_complete_its_write() {
     let (tx, r33) = streaming_33(&be, &a).await;
     fg[0].signal("STOP");
     // 34 waits for A's lease to expire, then goes. (A owns the resource:
-    // B forwards 34 there, and answers 503 SlowDown when A's lease ends
-    // with 34 in A's socket; the retry, as any S3 client makes, is B's.)
+    // B forwards 34 there, and answers 502 when A's lease ends with 34 in
+    // A's socket, since B cannot know whether A acted on it; the retry, as
+    // the SDKs make, is B's.)
     let r34 = send_retrying(&b, || RawRequest::put("/demo/k", "new").token(34)).await;
     assert_eq!(r34.status, 200, "{}", r34.body);
     // The rest of 33's body is waiting in A's socket when A wakes up.
@@ -353,9 +354,10 @@ async fn a_replica_cut_off_from_etcd_fails_its_write_before_the_last_bytes() {
     let (tx, r33) = streaming_33(&be, &ra).await;
     relay.freeze(true);
     let rb = RawClient::new(&b.endpoint());
-    // A owns the resource: B forwards 34 there, and answers 503 SlowDown
-    // when A's lease ends with 34 at A; the retry, as any S3 client makes,
-    // is B's.
+    // A owns the resource: B forwards 34 there, and A, cut off, answers
+    // it `Moved` once its tenure lapses; B then waits for A's lease to end
+    // and admits 34 itself (or, sent and unanswered, answers 502 and the
+    // client's retry is B's).
     let r34 = send_retrying(&rb, || RawRequest::put("/demo/k", "new").token(34)).await;
     assert_eq!(r34.status, 200, "{}", r34.body);
     tx.send(Bytes::from_static(b"body")).await.unwrap();

@@ -315,7 +315,18 @@ impl Proxy {
         };
         let sent = tokio::select! {
             sent = peer.pool.send_when_connected(build) => sent,
-            () = c.gone(owner) => return Err(self.gone(&resource, owner)),
+            () = c.gone(owner) => {
+                // Sent: the owner may have applied it before it stopped, so
+                // the outcome is unknown (502, never a 503 that a balancer
+                // would send again).
+                return Err(match built.load(std::sync::atomic::Ordering::Relaxed) {
+                    true => S3Error::BadGateway(format!(
+                        "{}; the request's outcome is unknown",
+                        self.gone(&resource, owner)
+                    )),
+                    false => self.gone(&resource, owner),
+                });
+            }
             why = forward.unanswered() => {
                 self.gate.forget_owner(&resource);
                 let why = format!("replica {owner}, which owns {resource}, {why}");

@@ -20,11 +20,14 @@
 //! - its `replicas/` and `seen/` keys are deleted, so other replicas give
 //!   up forwards to it at once (the watch of `replicas/`).
 //!
-//! None of this needs the old process dead to be safe: deleting an
-//! unmarked owner key is what a release does, and an owner whose key went
-//! cannot put its marker back (guarded by its epoch), so it admits
-//! nothing that needs one. The lock only keeps two live processes from
-//! ending each other's advertisement.
+//! The lock is what makes this safe: it proves the process named in the
+//! file has ended. A live old process whose owner key went could not put
+//! its marker back (guarded by its epoch), but while its lease stays fresh
+//! it would still admit a write that needs none (`Kind::Conditioned`) at
+//! its old highest token, and a raise made elsewhere would count as
+//! acknowledged by it. So a data directory copied to a second live
+//! replica, or one on a filesystem whose `flock` holds on one host only,
+//! is outside what this promises (docs/cluster.md).
 
 use super::keys::prefix_end;
 use super::{Cluster, call};

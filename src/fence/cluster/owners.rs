@@ -63,8 +63,9 @@ pub enum Take {
     /// This replica's own key, put under a lease it gave up on (etcd
     /// unreachable for a while), with that epoch: it goes when its lease
     /// expires, or when this replica, knowing it has nothing in flight
-    /// there, releases it.
-    Stale(i64),
+    /// there, releases it; keeping the marker when it is a dead
+    /// predecessor's that the take inherited (true).
+    Stale(i64, bool),
 }
 
 /// An owner that died with its in-flight marker in etcd, as the marker
@@ -207,7 +208,11 @@ impl Cluster {
                 TxnOp::put(owner.as_str(), self.replica.as_str(), Some(mine)),
                 TxnOp::put(owned, self.marker(), None),
             ])
-            .or_else([TxnOp::get(owner, None), TxnOp::get(fence, None)]);
+            .or_else([
+                TxnOp::get(owner, None),
+                TxnOp::get(fence, None),
+                TxnOp::get(self.keys.owned(resource), None),
+            ]);
         let resp = self
             .retrying_leased("take", deadline, || txn.clone())
             .await?;
@@ -236,8 +241,16 @@ impl Cluster {
         if leaving {
             return Ok(Take::Leaving);
         }
+        // A marker older than our key was a dead predecessor's, found by
+        // the take whose answer was lost (which put ours over it, keeping
+        // its create revision): its quarantine is ours to wait, in full
+        // (whom to ask is gone with its value).
+        let inherited = got
+            .get(2)
+            .and_then(|kv| kv.as_ref())
+            .is_some_and(|m| m.create_revision() < holder.create_revision());
         if holder.lease() != lease {
-            return Ok(Take::Stale(holder.create_revision()));
+            return Ok(Take::Stale(holder.create_revision(), inherited));
         }
         Ok(Take::Mine {
             tenure: Tenure {
@@ -245,7 +258,10 @@ impl Cluster {
                 generation,
             },
             highest: fence_of(&got[1]),
-            after_death: None,
+            after_death: inherited.then(|| Predecessor {
+                replica: String::new(),
+                url: None,
+            }),
         })
     }
 

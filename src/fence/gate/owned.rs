@@ -238,12 +238,12 @@ impl Gate {
                 // Nothing of this replica's in flight there: no write of
                 // the old tenure can land any more (a dead predecessor's
                 // still may: its marker stays then).
-                Take::Stale(epoch) if slot.lock().inflight.is_empty() => {
-                    let keep = landing(&slot.lock());
+                Take::Stale(epoch, inherited) if slot.lock().inflight.is_empty() => {
+                    let keep = inherited || landing(&slot.lock());
                     let released = c.release(resource, epoch, keep).await;
                     released.map_err(unavailable)?;
                 }
-                Take::Stale(_) | Take::Leaving => {
+                Take::Stale(..) | Take::Leaving => {
                     drop(guard);
                     if Instant::now() >= deadline {
                         return Err(Refusal::Busy);
@@ -300,7 +300,7 @@ impl Gate {
     /// Whether nothing of this replica's can still land on `resource`,
     /// asked by a successor about `replica` (`ask_predecessor`): this is
     /// that replica, it holds no standing tenure there, and no write of
-    /// its own is in flight there (a write whose outcome is unknown keeps
+    /// its own (conditioned or not) is in flight there (a write whose outcome is unknown keeps
     /// its entry for the quarantine; a tenure that no longer stands admits
     /// nothing more: `try_admit`).
     pub fn nothing_landing(&self, replica: &str, resource: &str) -> bool {
@@ -314,8 +314,10 @@ impl Gate {
         if self.owned_here(c, &slot).is_some() {
             return false;
         }
+        // Conditioned writes count too: the store refuses one only on its
+        // own object, not a newer write's elsewhere in the resource.
         let st = slot.lock();
-        !landing(&st) && st.inflight.iter().all(|e| e.conditioned)
+        !landing(&st) && st.inflight.is_empty()
     }
 
     /// Lets the gate ask a dead-looking owner whether its writes can still
@@ -536,11 +538,14 @@ impl Gate {
             .iter()
             .filter_map(|s| {
                 let st = s.value().lock();
-                Some((s.key().clone(), st.owned?.tenure.epoch, landing(&st)))
+                let needing = landing(&st) || !st.inflight.is_empty();
+                Some((s.key().clone(), st.owned?.tenure.epoch, needing))
             })
             .collect();
-        // A dead predecessor's write may still land: its marker stays, and
-        // the next owner waits again.
+        // A write of this replica's still in flight (one whose answer was
+        // lost holds its permit for the quarantine), or a dead
+        // predecessor's, may still land: the marker stays, and the next
+        // owner waits.
         for (r, epoch, keep) in owned {
             if let Err(e) = c.release(&r, epoch, keep).await {
                 tracing::warn!("cluster: letting {r} go at shutdown: {e}");
