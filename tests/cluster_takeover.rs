@@ -9,6 +9,8 @@
 //!   (moto), one killed with a PUT half sent leaves none either, unless
 //!   that PUT went with `If-None-Match: *` (its object absent), which a
 //!   delete would not overtake;
+//! - an owner stopped with SIGTERM while a write of its own is still in
+//!   flight keeps that resource's marker, so the next owner waits too;
 //! - `owner_replacement_times` (ignored) measures the time from the kill
 //!   to the first write accepted elsewhere, in each case, at the default
 //!   settings.
@@ -374,4 +376,33 @@ async fn owner_replacement_times() {
             ms.len()
         );
     }
+}
+
+/// An owner stopped with SIGTERM while one of its writes is still in
+/// flight (its body at the backend, the answer not back; its client gone)
+/// keeps that resource's marker when it lets go: the next owner waits out
+/// the quarantine rather than admit a newer write the old one could land
+/// after.
+#[tokio::test]
+async fn an_owner_stopped_with_a_write_in_flight_keeps_its_marker() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let (mut fg, a, b) = two_patient(&be.as_fencegate_backend(), &etcd);
+    let put = |t: u64| RawRequest::put("/demo/inflight", format!("v{t}")).token(t);
+    assert_eq!(a.send(put(3)).await.unwrap().status, 200);
+    be.stall_after_body(4);
+    let a = Arc::new(a);
+    let pending = tokio::spawn({
+        let a = a.clone();
+        async move { a.send(put(4)).await }
+    });
+    be.wait_body_complete(4).await;
+    // The client leaves; the write's exchange with the backend goes on.
+    pending.abort();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(fg[0].terminate(), Some(0));
+    let r = b.send(put(5)).await.unwrap();
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("may still land"), "{}", r.body);
+    be.release(4);
 }
