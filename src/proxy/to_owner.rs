@@ -313,49 +313,23 @@ impl Proxy {
             let body = body.take().expect("built once").upstream();
             outgoing(head, body, (FORWARDED, me))
         };
+        let was_sent = || built.load(std::sync::atomic::Ordering::Relaxed);
         let sent = tokio::select! {
             sent = peer.pool.send_when_connected(build) => sent,
-            () = c.gone(owner) => {
-                // Sent: the owner may have applied it before it stopped, so
-                // the outcome is unknown (502, never a 503 that a balancer
-                // would send again).
-                return Err(match built.load(std::sync::atomic::Ordering::Relaxed) {
-                    true => S3Error::BadGateway(format!(
-                        "{}; the request's outcome is unknown",
-                        self.gone(&resource, owner)
-                    )),
-                    false => self.gone(&resource, owner),
-                });
-            }
+            () = c.gone(owner) => return Err(given_up(was_sent(), self.gone(&resource, owner))),
             why = forward.unanswered() => {
                 self.gate.forget_owner(&resource);
                 let why = format!("replica {owner}, which owns {resource}, {why}");
-                return Err(match built.load(std::sync::atomic::Ordering::Relaxed) {
-                    true => S3Error::BadGateway(format!("{why}; the request's outcome is unknown")),
-                    false => S3Error::SlowDown(why),
-                });
+                return Err(given_up(was_sent(), why));
             }
         };
-        if built.load(std::sync::atomic::Ordering::Relaxed) {
+        if was_sent() {
             ctx.forward_sends += 1;
         }
         match sent {
-            Ok(mut resp) => {
-                metrics::counter!(m::CLUSTER_FORWARDED).increment(1);
-                if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
-                    self.gate.forget_owner(&resource);
-                }
-                ctx.decision = "forwarded_to_owner";
-                if resp.headers_mut().remove(MOVED).is_some()
-                    && let Some(again) = replay
-                    && Instant::now() < deadline
-                {
-                    // Nothing was done there: read its short answer (the
-                    // connection goes back to the pool) and route again.
-                    let _ = resp.into_body().collect().await;
-                    return Ok(Sent::Moved(again));
-                }
-                Ok(Sent::Answered(resp.map(|b| b.map_err(Into::into).boxed())))
+            Ok(resp) => {
+                self.owner_answered(ctx, &resource, resp, replay, deadline)
+                    .await
             }
             Err((e, false)) => {
                 c.forget_address(owner);
@@ -373,6 +347,33 @@ impl Proxy {
                 )))
             }
         }
+    }
+
+    /// The owner's answer: passed on, or, when it says `Moved` and the
+    /// body can be sent again, [`Sent::Moved`] (nothing was done there).
+    async fn owner_answered<B>(
+        &self,
+        ctx: &mut RequestCtx,
+        resource: &str,
+        mut resp: Response<Incoming>,
+        replay: Option<B>,
+        deadline: Instant,
+    ) -> Result<Sent<B>, S3Error> {
+        metrics::counter!(m::CLUSTER_FORWARDED).increment(1);
+        if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+            self.gate.forget_owner(resource);
+        }
+        ctx.decision = "forwarded_to_owner";
+        if resp.headers_mut().remove(MOVED).is_some()
+            && let Some(again) = replay
+            && Instant::now() < deadline
+        {
+            // Read its short answer (the connection goes back to the pool)
+            // and route again.
+            let _ = resp.into_body().collect().await;
+            return Ok(Sent::Moved(again));
+        }
+        Ok(Sent::Answered(resp.map(|b| b.map_err(Into::into).boxed())))
     }
 
     /// Where a request this replica cannot admit goes instead: to a peer,
@@ -459,14 +460,24 @@ impl Proxy {
         }
     }
 
-    /// The answer to a request given up because its owner's lease ended
-    /// while the owner held it.
-    fn gone(&self, resource: &str, owner: &str) -> S3Error {
+    /// Why a request was given up because its owner's lease ended while
+    /// the owner held it.
+    fn gone(&self, resource: &str, owner: &str) -> String {
         self.gate.forget_owner(resource);
-        S3Error::SlowDown(format!(
+        format!(
             "replica {owner}, which owned {resource}, stopped answering and its lease ended: \
              it cannot admit this request any more"
-        ))
+        )
+    }
+}
+
+/// A forward given up for `why`: `502` when it was sent (the owner may
+/// have acted on it, so its outcome is unknown, and nothing may resend
+/// it), else `503 SlowDown` (nothing was done).
+fn given_up(sent: bool, why: String) -> S3Error {
+    match sent {
+        true => S3Error::BadGateway(format!("{why}; the request's outcome is unknown")),
+        false => S3Error::SlowDown(why),
     }
 }
 
