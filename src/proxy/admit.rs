@@ -151,22 +151,17 @@ impl Proxy {
                 .map(|p| (p, None)),
         };
         m::handles::admission_wait().record(admitting.elapsed().as_secs_f64());
+        // Forwarded, and its tenure lapsed meanwhile (also while a raise
+        // waited for etcd and failed): `Moved`, nothing done, for the
+        // forwarder to route again.
+        if !matches!(admitted, Err(Refusal::Elsewhere(..))) {
+            self.check_forwarded(ctx, &resource)?;
+        }
         let (permit, hold, owner) = match admitted {
             Ok((permit, hold)) => (permit, hold, None),
             Err(Refusal::Elsewhere(owner, epoch)) => (None, None, Some((owner, epoch))),
-            Err(r) => {
-                // Forwarded, and its tenure lapsed meanwhile (a lease that
-                // stopped being fresh while a raise waited for etcd):
-                // `Moved`, nothing done, for the forwarder to route again.
-                if ctx.forwarded.is_some() {
-                    self.check_forwarded(ctx, &resource)?;
-                }
-                return Err(S3Error::from_refusal(r, &resource));
-            }
+            Err(r) => return Err(S3Error::from_refusal(r, &resource)),
         };
-        if owner.is_none() {
-            self.check_forwarded(ctx, &resource)?;
-        }
         Ok(Fenced {
             resource: Some(resource),
             token: Some(token),

@@ -222,6 +222,9 @@ impl Predecessors for Peers {
 pub fn answer(head: &http::request::Parts, gate: &Gate) -> Response<ProxyBody> {
     let mut resp = Response::new(crate::body::full(bytes::Bytes::new()));
     let asked = head.headers.get(LANDED).and_then(|v| v.to_str().ok());
+    // Decoded strictly, not by `s3::query` (which would turn bad UTF-8
+    // into U+FFFD): another name than the successor's would find no slot
+    // here and be answered clear.
     let resource = head.uri.query().and_then(|q| {
         let v = q.strip_prefix("landed=")?;
         percent_encoding::percent_decode_str(v).decode_utf8().ok()

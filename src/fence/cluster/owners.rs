@@ -470,14 +470,7 @@ impl Cluster {
         deadline: Instant,
         txn: impl Fn() -> Txn,
     ) -> Result<TxnResponse, ClusterError> {
-        loop {
-            self.lease.current().ok_or(ClusterError::NoLease)?;
-            let soon = deadline.min(Instant::now() + super::OP_TIMEOUT);
-            match self.retrying(what, soon, &txn).await {
-                Err(_) if Instant::now() < deadline => continue,
-                other => return other,
-            }
-        }
+        self.retry(what, deadline, true, txn).await
     }
 
     /// One transaction, tried again on failure until `deadline` (every
@@ -488,7 +481,22 @@ impl Cluster {
         deadline: Instant,
         txn: impl Fn() -> Txn,
     ) -> Result<TxnResponse, ClusterError> {
+        self.retry(what, deadline, false, txn).await
+    }
+
+    /// The loop of both: with `leased`, each try first checks that the
+    /// lease is fresh.
+    async fn retry(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        leased: bool,
+        txn: impl Fn() -> Txn,
+    ) -> Result<TxnResponse, ClusterError> {
         loop {
+            if leased {
+                self.lease.current().ok_or(ClusterError::NoLease)?;
+            }
             let mut kv = self.client.kv_client();
             match call(what, kv.txn(txn())).await {
                 Ok(r) => return Ok(r),

@@ -83,15 +83,14 @@ impl Cluster {
             };
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
-                let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
-                if ev.event_type() == EventType::Delete {
-                    self.addresses.remove(&name);
-                    self.departed.insert(name, ());
-                    self.departures.send_modify(|n| *n += 1);
-                } else {
-                    let url = String::from_utf8_lossy(kv.value()).into_owned();
-                    self.addresses.insert(name, url);
+                if ev.event_type() != EventType::Delete {
+                    self.note_replica(&all, kv);
+                    continue;
                 }
+                let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
+                self.addresses.remove(&name);
+                self.departed.insert(name, ());
+                self.departures.send_modify(|n| *n += 1);
             }
         })
         .await
@@ -106,15 +105,20 @@ impl Cluster {
             let mut kv = self.client.kv_client();
             if let Ok(resp) = call("get", kv.get(all, Some(opts.clone()))).await {
                 for kv in resp.kvs() {
-                    let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
-                    let url = String::from_utf8_lossy(kv.value()).into_owned();
-                    self.addresses.insert(name, url);
+                    self.note_replica(all, kv);
                 }
                 return resp.header().map(|h| h.revision());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         None
+    }
+
+    /// Remembers the replica whose `replicas/` key (under `all`) `kv` is.
+    fn note_replica(&self, all: &str, kv: &etcd_client::KeyValue) {
+        let name = String::from_utf8_lossy(&kv.key()[all.len()..]).into_owned();
+        let url = String::from_utf8_lossy(kv.value()).into_owned();
+        self.addresses.insert(name, url);
     }
 
     /// The URL of another replica whose lease stood when last heard of,

@@ -72,6 +72,13 @@ fn landing(st: &SlotState) -> bool {
     st.landing_until.is_some_and(|at| at > Instant::now())
 }
 
+/// Whether a write of this replica's on the slot's resource may still
+/// land (one in flight, conditioned or not: one whose answer was lost
+/// keeps its entry for the quarantine), or a dead predecessor's.
+fn may_land(st: &SlotState) -> bool {
+    landing(st) || !st.inflight.is_empty()
+}
+
 /// Notes a predecessor's answer on `slot`: the quarantine that ends at
 /// `until` ends now when it said `clear`. True when it did end.
 fn answered(slot: &Slot, clear: bool, until: Instant) -> bool {
@@ -170,8 +177,6 @@ impl Gate {
             if let Some(o) = self.owned_here(c, &slot) {
                 let landing = slot.lock().landing_until;
                 match landing {
-                    // Past the wait: refused at once (nothing was done),
-                    // rather than held until the wait runs out.
                     // The dead-looking owner is being asked whether it
                     // is alive with nothing in flight: its first answer
                     // (at most `PING_WAIT`) is worth the wait.
@@ -182,6 +187,8 @@ impl Gate {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
+                    // Past the wait: refused at once (nothing was done),
+                    // rather than held until the wait runs out.
                     Some(at) if at > deadline => {
                         return Err(Refusal::Landing(at - Instant::now()));
                     }
@@ -316,8 +323,7 @@ impl Gate {
         }
         // Conditioned writes count too: the store refuses one only on its
         // own object, not a newer write's elsewhere in the resource.
-        let st = slot.lock();
-        !landing(&st) && st.inflight.is_empty()
+        !may_land(&slot.lock())
     }
 
     /// Lets the gate ask a dead-looking owner whether its writes can still
@@ -538,8 +544,7 @@ impl Gate {
             .iter()
             .filter_map(|s| {
                 let st = s.value().lock();
-                let needing = landing(&st) || !st.inflight.is_empty();
-                Some((s.key().clone(), st.owned?.tenure.epoch, needing))
+                Some((s.key().clone(), st.owned?.tenure.epoch, may_land(&st)))
             })
             .collect();
         // A write of this replica's still in flight (one whose answer was
