@@ -10,7 +10,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fencegate::fence::gate::{Gate, Kind};
-use fencegate::fence::store::{FenceRecord, FenceStore, RedbStore, StoreError};
+use fencegate::fence::table::{FenceRecord, FenceTable, RedbTable, TableError};
 use futures_util::future::BoxFuture;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 /// A store that remembers nothing: every resource starts unfenced.
 struct MemoryStore;
 
-impl FenceStore for MemoryStore {
-    fn get(&self, _: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+impl FenceTable for MemoryStore {
+    fn get(&self, _: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>> {
         Box::pin(async { Ok(None) })
     }
-    fn raise(&self, _: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn raise(&self, _: &str, token: u64) -> BoxFuture<'_, Result<u64, TableError>> {
         Box::pin(async move { Ok(token) })
     }
     fn list(
@@ -32,16 +32,16 @@ impl FenceStore for MemoryStore {
         _: &str,
         _: Option<&str>,
         _: usize,
-    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, TableError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
-    fn record_upload(&self, _: &str, _: u64) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn record_upload(&self, _: &str, _: u64) -> BoxFuture<'_, Result<(), TableError>> {
         Box::pin(async { Ok(()) })
     }
-    fn upload_token(&self, _: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+    fn upload_token(&self, _: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>> {
         Box::pin(async { Ok(None) })
     }
-    fn forget_upload(&self, _: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn forget_upload(&self, _: &str) -> BoxFuture<'_, Result<(), TableError>> {
         Box::pin(async { Ok(()) })
     }
 }
@@ -73,7 +73,11 @@ fn checks(c: &mut Criterion) {
     });
     g.bench_function("hot resource, write admitted and released", |b| {
         b.to_async(&rt).iter(|| async {
-            let p = gate.admit("bench/hot", 7, Kind::Write).await.unwrap();
+            let p = gate
+                .admit("bench/hot", 7, Kind::Write)
+                .await
+                .unwrap()
+                .permit();
             black_box(p.as_ref().map(|p| p.body_complete()));
         })
     });
@@ -114,7 +118,11 @@ fn admission_beside_inflight(c: &mut Criterion) {
             &inflight,
             |b, _| {
                 b.to_async(&rt).iter(|| async {
-                    let p = gate.admit("bench/busy", 7, Kind::Write).await.unwrap();
+                    let p = gate
+                        .admit("bench/busy", 7, Kind::Write)
+                        .await
+                        .unwrap()
+                        .permit();
                     black_box(p.as_ref().map(|p| p.body_complete()));
                 })
             },
@@ -127,7 +135,7 @@ fn admission_beside_inflight(c: &mut Criterion) {
 fn durable_raise(c: &mut Criterion) {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(&dir.path().join("fences.redb")).unwrap();
+    let store = RedbTable::open(&dir.path().join("fences.redb")).unwrap();
     let gate = Gate::new(Arc::new(store), Duration::from_secs(10));
     let token = AtomicU64::new(1);
     let mut g = c.benchmark_group("raise");

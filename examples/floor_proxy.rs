@@ -15,14 +15,14 @@
 //! client's SigV4 signature (`s3::auth::verify`, the demo credential),
 //! checks a body signed by its SHA-256 against that hash as it streams
 //! (`s3::body::sha256_checked`, its last bytes held back until the check
-//! passes: `fence::commit::commit_gate`, without a permit), and re-signs
+//! passes: `fence::body_gate::body_gate`, without a permit), and re-signs
 //! the request for the backend (`s3::sign::HeaderSigner`, the sink's
 //! credential), and nothing else (path `floor+sigv4`).
 //!
 //!     cargo run --release --example floor_proxy -- 127.0.0.1:PORT http://BACKEND
 
 use fencegate::config::Credential;
-use fencegate::fence::commit::commit_gate;
+use fencegate::fence::body_gate::body_gate;
 use fencegate::s3::auth::{self, Credentials};
 use fencegate::s3::error::S3Error;
 use fencegate::s3::sign::HeaderSigner;
@@ -107,7 +107,7 @@ async fn main() {
                             // The last bytes wait for the check, as in
                             // fencegate: a body that fails it never lands.
                             let held =
-                                commit_gate(frames, None, None, |_| S3Error::ContentSha256Mismatch);
+                                body_gate(frames, None, None, |_| S3Error::ContentSha256Mismatch);
                             StreamBody::new(held).boxed_unsync()
                         }
                         None => body

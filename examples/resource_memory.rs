@@ -10,7 +10,7 @@
 //! memory, not the disk). Prints one line per tenth of the run.
 
 use fencegate::fence::gate::{Gate, Kind};
-use fencegate::fence::store::RedbStore;
+use fencegate::fence::table::RedbTable;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,7 @@ async fn main() {
         .tempdir_in(args.get(3).map(String::as_str).unwrap_or("/dev/shm"))
         .expect("a directory for the store");
     let path = tmp.path().join("fences.redb");
-    let store = RedbStore::open(&path).expect("store");
+    let store = RedbTable::open(&path).expect("store");
     let mut gate = Gate::new(Arc::new(store), Duration::from_secs(10));
     gate.set_max_slots(if max == 0 { usize::MAX } else { max });
     let started = Instant::now();

@@ -10,6 +10,46 @@
 //! way a module depends; `scripts/module-graph` checks that none goes round
 //! in a circle.
 //!
+//! # Words
+//!
+//! Each word below means one thing in the code and the docs:
+//!
+//! - **token**: the fencing token, a number from a lock service. Two
+//!   other things are called tokens where AWS or the configuration name
+//!   them: the *session token* (`x-amz-security-token`, of a session
+//!   credential, [`s3::session`]) and the admin API's *bearer*
+//!   (`server.admin_token`, `Config::admin_bearer`). Neither is ever
+//!   "the token".
+//! - **fence**: a resource's highest accepted token; **raise**: making a
+//!   higher one durable; **admit**: the gate letting a request through
+//!   (check, raise, ordering barrier, [`fence::gate`]).
+//! - **fence table**: where fences are kept (`FenceTable`: `fences.redb`
+//!   on one node, etcd in cluster mode, [`fence::table`]).
+//! - **store**: the object store behind fencegate, the *backend*: the
+//!   *embedded store* ([`store`], called in-process) or an S3 endpoint.
+//! - **commit**: the embedded store's group commit (`store/commit.rs`),
+//!   and a database's own transaction commit. The **body gate**
+//!   ([`fence::body_gate`]) is what lets a write's last frame go.
+//! - **hold**: an object's hold, where a conditional write's check and
+//!   write are one step ([`fence::hold`]); **permit**: a write's place in
+//!   the ordering barrier, kept until its answer is complete.
+//! - **route**: phase 6, where a request is served (`proxy/route.rs`);
+//!   **forward**: phase 9, the exchange with the backend
+//!   (`proxy/forward.rs`); **to the owner**: a request sent to the
+//!   replica owning its resource (`proxy/to_owner.rs`); **relay**: a
+//!   request sent to a peer by a replica cut off from etcd.
+//! - **owner**, **tenure**, **epoch**: the replica admitting a resource's
+//!   writes, its time as owner, and the number etcd gave that time
+//!   (`Cluster::tenure_stands`). **Moved**: an owner's answer to a request
+//!   forwarded at an epoch that is not its own any more (nothing done);
+//!   `Refusal::TenureLost` is the gate finding its own tenure over.
+//! - **peer**: another replica. `proxy/peers.rs` holds the connections to
+//!   them; `fence/cluster/directory.rs` is where they are listed in etcd.
+//! - **quarantine**: how long a resource stays closed after a write's
+//!   answer was lost with its whole body at the backend.
+//!
+//! # Modules
+//!
 //! Leaves (depend on no other module of the crate):
 //!
 //! - [`config`]: the TOML file, its defaults, one validator per table
@@ -35,11 +75,11 @@
 //! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
 //! - [`fence::gate`]: the check, the durable raise, the ordering barrier;
 //!   `gate/owned.rs`: cluster mode with owners, the resources this replica
-//!   owns admitted as on a single node, the others refused for the proxy
-//!   to forward; `gate/cluster.rs`: cluster mode without owners (one etcd
+//!   owns admitted as on a single node, the others answered with their
+//!   owner for the proxy to forward to; `gate/cluster.rs`: cluster mode without owners (one etcd
 //!   transaction per request), and following raises made at other
 //!   replicas (both modes); `gate/tests.rs`: its tests.
-//! - [`fence::commit`]: the commit gate, holding a write's last body frame
+//! - [`fence::body_gate`]: the body gate, holding a write's last body frame
 //!   until its permit (and object hold) confirms.
 //! - [`fence::hold`]: the object hold, where a conditional write's check and
 //!   write become one step (CONTRACT §8); in cluster mode its keys are in
@@ -47,15 +87,15 @@
 //! - [`fence::cluster`]: cluster mode, the fences in etcd, shared by the
 //!   replicas. With owners (the default): `owners.rs` takes a resource for
 //!   this replica, raises its fence under the owner's epoch and releases
-//!   it; `peers.rs` puts each replica's address in etcd, for forwarding,
+//!   it; `directory.rs` puts each replica's address in etcd, for forwarding,
 //!   and notices when a replica's lease ends; `incarnation.rs` ends what
 //!   the data directory's previous process left in etcd. Without owners
 //!   (`ownership = false`): the admission transaction (`keys.rs`, which
 //!   also names every key), grouped with others (`batch.rs`), and the
 //!   cross-replica wait (`wait.rs`). In both: the replica's lease
 //!   (`lease.rs`), the watch, deletion and sweep tasks (`background.rs`),
-//!   and the fences and upload tokens as a `FenceStore` (`store.rs`).
-//! - [`fence::store`]: `FenceStore`, and its redb implementation
+//!   and the fences and upload tokens as a `FenceTable` (`table.rs`).
+//! - [`fence::table`]: `FenceTable`, and its redb implementation
 //!   (`fences.redb`, through [`redb_file`]), a single node's.
 //!
 //! The S3 front (→ fence, body, config, metric_names, utc):
@@ -105,25 +145,27 @@
 //!   a multipart object's checksums; `import.rs` brings in an s3s-fs data
 //!   directory.
 //! - [`redb_file`] (a leaf): a redb file reopened by itself after a disk
-//!   error, for the store's index and the fence store.
+//!   error, for the store's index and the fence table.
 //!
 //! A request's life (→ fence, s3, upstream, access_log, body, config,
 //! metric_names, tls):
 //!
 //! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
-//!   exit, one log event; `admit.rs` is its token and its admission by the
-//!   gate; `to_owner.rs` is the route: the admission here, or the owner's
-//!   answer for a resource another replica owns (cluster mode with
-//!   owners), `peers.rs` the other replicas' connections and the pings
-//!   that end forwards to one that stopped answering; `outgoing.rs` builds the upstream request, `per_op.rs` adds
-//!   what an operation needs in one `match`, `forward.rs` does the
-//!   exchange and keeps the
-//!   permits and object hold until the answer is complete, `copy.rs` and
-//!   `multi_delete.rs` are CopyObject and DeleteObjects, `conditional.rs`
-//!   holds the object and judges a write's conditions (and is
-//!   `fence.conditional_writes`), `public.rs` forwards CORS preflights and
-//!   anonymous reads unsigned, `small_body.rs` reads and rewrites the
-//!   bodies read whole.
+//!   exit, one log event, a file a phase (the table in `proxy/mod.rs`):
+//!   `head.rs` (size, signature, operation, permission), `token.rs`,
+//!   `route.rs` (here, at the owner, or at a peer), `fence.rs` (the
+//!   admission here), `conditional.rs` (the object's hold and a write's
+//!   conditions, and `fence.conditional_writes`), `outgoing.rs` (the
+//!   upstream request) with `per_op.rs` (what one operation adds, in one
+//!   `match`), `forward.rs` (the exchange, keeping the permits and object
+//!   hold until the answer is complete), `respond.rs`. Beside them:
+//!   `to_owner.rs` sends a request to the replica owning its resource, or
+//!   relays it to a peer; `peers.rs` keeps the other replicas'
+//!   connections and the pings that end forwards to one that stopped
+//!   answering; `copy.rs` and `multi_delete.rs` are CopyObject and
+//!   DeleteObjects; `public.rs` forwards CORS preflights and anonymous
+//!   reads unsigned; `small_body.rs` reads and rewrites the bodies read
+//!   whole.
 //!
 //! Around it:
 //!
@@ -140,7 +182,7 @@
 //!   `--credentials-endpoint` (credentials served as the AWS container
 //!   credentials, renewed while the lock is held); `eager.rs` raises a
 //!   fence when its lock's holder goes.
-//! - [`server`] (→ everything above): start-up (store, gate, backend,
+//! - [`server`] (→ everything above): start-up (fence table, gate, backend,
 //!   services) apart from serving (listener, connection limit, handler,
 //!   graceful shutdown).
 //! - [`cli`] (→ config, bench): flags and config overrides; `main.rs` is
@@ -159,11 +201,11 @@
 //! `tests/smoke/smoke.py` (unmodified clients: aws CLI, boto3, rclone,
 //! s3cmd).
 //!
-//! The fence store sits behind `FenceStore`: redb (`fences.redb`) on a
-//! single node, etcd in cluster mode (`fence/cluster/store.rs`). Only a
+//! The fence table sits behind `FenceTable`: redb (`fences.redb`) on a
+//! single node, etcd in cluster mode (`fence/cluster/table.rs`). Only a
 //! single node's gate raises through it. In cluster mode the gate makes
 //! its raises in etcd itself (`fence/gate/owned.rs`,
-//! `fence/gate/cluster.rs`) and only reads fences through the store,
+//! `fence/gate/cluster.rs`) and only reads fences through the table,
 //! which also serves the admin API's listing, `fences import` and the
 //! multipart uploads' tokens.
 

@@ -82,7 +82,7 @@ fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
         .unwrap_or_else(|| format!("http://{}", cfg.server.admin_listen));
     let token = f
         .admin_token
-        .or_else(|| cfg.admin_token().map(|t| t.expose().to_string()));
+        .or_else(|| cfg.admin_bearer().map(|t| t.expose().to_string()));
     let cmd = match f.action {
         FencesAction::List {
             prefix,

@@ -3,7 +3,7 @@
 //! redb refuses every write after one failed with an I/O error ("Previous
 //! I/O error occurred. Please close and re-open the database"), until the
 //! database is closed and opened again. fencegate keeps two redb files, the
-//! fence store (`fences.redb`) and the embedded store's index; a disk that
+//! fence table (`fences.redb`) and the embedded store's index; a disk that
 //! fills up and is then freed must not leave either refusing writes until
 //! a restart. So each sits behind a [`DbFile`]:
 //!

@@ -9,7 +9,7 @@ use crate::admin::Admin;
 use crate::body::full;
 use crate::config::{BackendKind, Config, ServerConfig};
 use crate::fence::gate::Gate;
-use crate::fence::store::RedbStore;
+use crate::fence::table::RedbTable;
 use crate::metric_names as m;
 use crate::proxy::Proxy;
 use crate::s3::error::S3Error;
@@ -178,7 +178,7 @@ pub struct Services {
     pub backend_desc: String,
 }
 
-/// Start-up: the fence store and gate, the metrics recorder, eager fencing,
+/// Start-up: the fence table and gate, the metrics recorder, eager fencing,
 /// the backend, the S3 and admin services. Nothing is listening yet.
 pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     let gate = match &cfg.cluster {
@@ -224,7 +224,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     let admin = Arc::new(Admin {
         gate,
         metrics,
-        admin_token: cfg.admin_token(),
+        bearer: cfg.admin_bearer(),
         backend_addr,
         probe,
         store,
@@ -242,7 +242,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     })
 }
 
-/// The data directory, the fence store in it (a damaged one stops
+/// The data directory, the fence table in it (a damaged one stops
 /// start-up), and the gate over the store.
 fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
     std::fs::create_dir_all(&cfg.server.data_dir).map_err(|e| {
@@ -252,9 +252,9 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
         ))
     })?;
     let store_path = cfg.server.data_dir.join("fences.redb");
-    let store = RedbStore::open(&store_path).map_err(|e| {
+    let store = RedbTable::open(&store_path).map_err(|e| {
         StartError(format!(
-            "{e}\nThe fence store is damaged or unreadable. fencegate will not start with an empty \
+            "{e}\nThe fence table is damaged or unreadable. fencegate will not start with an empty \
              one, because that would let stale writers through. Restore {} from a backup, or \
              move it away deliberately if you accept that risk.",
             store_path.display()

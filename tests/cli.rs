@@ -1,5 +1,5 @@
 //! Start-up and shutdown as an operator sees them: bad config stops start-up
-//! with exit code 2 naming the field; a damaged fence store stops it with a
+//! with exit code 2 naming the field; a damaged fence table stops it with a
 //! clear message and is left as it was; SIGTERM drains in-flight requests
 //! and exits 0.
 

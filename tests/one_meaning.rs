@@ -356,9 +356,9 @@ async fn upload_tokens_survive_a_restart() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-/// An empty fence store is a lost one: start-up stops.
+/// An empty fence table is a lost one: start-up stops.
 #[test]
-fn an_empty_fence_store_stops_start_up() {
+fn an_empty_fence_table_stops_start_up() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("fences.redb"), b"").unwrap();
     let config = dir.path().join("c.toml");
@@ -389,7 +389,7 @@ fn an_empty_fence_store_stops_start_up() {
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let status = exited.expect("fencegate started on an empty fence store");
+    let status = exited.expect("fencegate started on an empty fence table");
     assert!(!status.success());
     assert!(stderr.contains("empty"), "{stderr}");
     assert_eq!(

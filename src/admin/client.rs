@@ -110,7 +110,7 @@ impl Issued {
 /// Asks the admin API at `base` for credentials bound to `token`.
 pub async fn issue(
     base: &str,
-    admin_token: Option<&str>,
+    bearer: Option<&str>,
     token: u64,
     lock: &str,
     scope: &[String],
@@ -121,7 +121,7 @@ pub async fn issue(
         serde_json::json!({"token": token, "lock": lock, "scope": scope, "ttl_secs": ttl_secs});
     let (status, body) = request(
         base,
-        admin_token,
+        bearer,
         Method::POST,
         "/credentials",
         Some(body.to_string()),

@@ -20,7 +20,7 @@ use std::time::Duration;
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Sends to owners per forwarded request: 1 normally, at most
-/// `proxy::to_owner::MAX_SENDS`.
+/// `proxy::route::MAX_SENDS`.
 const SENDS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 16.0];
 
 const LATENCY_BUCKETS: &[f64] = &[

@@ -2,7 +2,7 @@
 //! the S3 port:
 //!
 //! - `GET /healthz`: the process is up;
-//! - `GET /readyz`: the fence store answers and can write, the embedded
+//! - `GET /readyz`: the fence table answers and can write, the embedded
 //!   store (if it is the backend) can write, and the backend accepts
 //!   connections; it also shows whether the backend honours conditional
 //!   writes itself (`upstream::probe`);
@@ -43,7 +43,7 @@ const MAX_PAGE: usize = 1000;
 pub struct Admin {
     pub gate: Arc<Gate>,
     pub metrics: Option<PrometheusHandle>,
-    pub admin_token: Option<Secret>,
+    pub bearer: Option<Secret>,
     /// `host:port` of the backend, for readiness.
     /// Where readiness connects to the backend; none in-process.
     pub backend_addr: Option<String>,
@@ -109,13 +109,13 @@ impl Admin {
                 json!({"status": "not ready", "cluster": why}),
             );
         }
-        if let Err(e) = self.gate.store().get("").await {
+        if let Err(e) = self.gate.table().get("").await {
             return json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"status": "not ready", "store": e.to_string()}),
             );
         }
-        if let Some(why) = self.gate.store().failing() {
+        if let Some(why) = self.gate.table().failing() {
             return json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"status": "not ready", "store": why}),
@@ -165,7 +165,7 @@ impl Admin {
                 );
             }
         };
-        match self.gate.store().list(prefix, after, limit).await {
+        match self.gate.table().list(prefix, after, limit).await {
             Ok(page) => {
                 let next = (page.len() == limit)
                     .then(|| page.last().map(|r| r.resource.clone()))
@@ -180,7 +180,7 @@ impl Admin {
     }
 
     async fn get(&self, resource: &str) -> Response<ProxyBody> {
-        match self.gate.store().list(resource, None, 1).await {
+        match self.gate.table().list(resource, None, 1).await {
             Ok(page) => match page.into_iter().find(|r| r.resource == resource) {
                 Some(r) => json(StatusCode::OK, json!(r)),
                 None => json(
@@ -201,7 +201,7 @@ impl Admin {
         req: &Request<Incoming>,
         what: &str,
     ) -> Result<(), Box<Response<ProxyBody>>> {
-        let Some(expected) = &self.admin_token else {
+        let Some(expected) = &self.bearer else {
             return Err(Box::new(json(
                 StatusCode::FORBIDDEN,
                 json!({"error": format!("no admin token is configured (server.admin_token); {what} is off")}),

@@ -10,7 +10,7 @@
 
 use crate::config::Config;
 use crate::fence::cluster::Cluster;
-use crate::fence::store::{FenceRecord, FenceStore, RedbStore};
+use crate::fence::table::{FenceRecord, FenceTable, RedbTable};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ const PAGE: usize = 1000;
 
 /// The store `cfg` names: etcd with `[cluster]`, else `fences.redb` in the
 /// data directory (which only one process may open: stop the node first).
-pub async fn open_store(cfg: &Config) -> Result<Arc<dyn FenceStore>, String> {
+pub async fn open_store(cfg: &Config) -> Result<Arc<dyn FenceTable>, String> {
     if let Some(c) = &cfg.cluster {
         return Ok(Cluster::open_table(c).await?);
     }
@@ -28,7 +28,7 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn FenceStore>, String> {
     if !path.exists() {
         return Err(format!("{} does not exist", path.display()));
     }
-    let store = RedbStore::open(&path).map_err(|e| {
+    let store = RedbTable::open(&path).map_err(|e| {
         format!("{e} (a running fencegate holds its store: stop it, or export with --admin)")
     })?;
     Ok(Arc::new(store))
@@ -36,7 +36,7 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn FenceStore>, String> {
 
 /// Writes every fence of `store` to `out`, one JSON object per line.
 /// Returns how many.
-pub async fn export(store: &dyn FenceStore, out: &mut dyn Write) -> Result<u64, String> {
+pub async fn export(store: &dyn FenceTable, out: &mut dyn Write) -> Result<u64, String> {
     let mut after: Option<String> = None;
     let mut n = 0;
     loop {
@@ -80,7 +80,7 @@ pub struct Imported {
 /// Raises `store` to every fence in `input` (JSON lines, as `export`
 /// writes them). A line that does not parse stops the import, naming it;
 /// what came before it stays imported.
-pub async fn import(store: &dyn FenceStore, input: &mut dyn BufRead) -> Result<Imported, String> {
+pub async fn import(store: &dyn FenceTable, input: &mut dyn BufRead) -> Result<Imported, String> {
     let mut done = Imported::default();
     for (i, line) in input.lines().enumerate() {
         let line = line.map_err(|e| e.to_string())?;
@@ -120,14 +120,14 @@ mod tests {
     #[tokio::test]
     async fn export_then_import_moves_every_fence_and_never_lowers_one() {
         let dir = tempfile::tempdir().unwrap();
-        let from = RedbStore::open(&dir.path().join("a.redb")).unwrap();
+        let from = RedbTable::open(&dir.path().join("a.redb")).unwrap();
         for i in 0..(PAGE as u64 + 5) {
             from.raise(&format!("b/k{i:05}"), 10 + i).await.unwrap();
         }
         let mut out = Vec::new();
         assert_eq!(export(&from, &mut out).await.unwrap(), PAGE as u64 + 5);
 
-        let to = RedbStore::open(&dir.path().join("b.redb")).unwrap();
+        let to = RedbTable::open(&dir.path().join("b.redb")).unwrap();
         to.raise("b/k00000", 99).await.unwrap();
         let done = import(&to, &mut &out[..]).await.unwrap();
         assert_eq!(done.fences, PAGE as u64 + 5);

@@ -119,7 +119,7 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Admin listener (health, fences). Loopback by default.
     pub admin_listen: SocketAddr,
-    /// Holds the fence store (`fences.redb`) and, for the embedded backend,
+    /// Holds the fence table (`fences.redb`) and, for the embedded backend,
     /// the objects.
     pub data_dir: PathBuf,
     /// Region clients sign for.
@@ -467,7 +467,7 @@ impl Config {
     }
 
     /// The admin bearer token: from the file, else `FENCEGATE_ADMIN_TOKEN`.
-    pub fn admin_token(&self) -> Option<Secret> {
+    pub fn admin_bearer(&self) -> Option<Secret> {
         self.server.admin_token.clone().or_else(|| {
             std::env::var("FENCEGATE_ADMIN_TOKEN")
                 .ok()

@@ -1,11 +1,11 @@
 //! Fencing: tokens, resources, the check with its ordering barrier, and the
-//! durable store behind it, the commit gate where a write's permit meets
+//! durable store behind it, the body gate where a write's permit meets
 //! its body, and the object hold that makes a conditional write one step.
 
+pub mod body_gate;
 pub mod cluster;
-pub mod commit;
 pub mod gate;
 pub mod hold;
 pub mod resource;
-pub mod store;
+pub mod table;
 pub mod token;

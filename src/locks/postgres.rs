@@ -277,7 +277,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid::bigint = ((k.k >> 32) & 4294967295)
   AND l.objid::bigint = (k.k & 4294967295)";
 
-async fn read(
+async fn token_and_holder(
     client: &Client,
     name: &str,
     sequence: &str,
@@ -401,7 +401,8 @@ impl HolderWatch {
             return Err(Broken::new(why));
         }
         let wait = self.every.max(Duration::from_secs(2));
-        match tokio::time::timeout(wait, read(client, &self.name, &self.sequence)).await {
+        match tokio::time::timeout(wait, token_and_holder(client, &self.name, &self.sequence)).await
+        {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(Broken::new(format!(
                 "cannot read the lock: {}",

@@ -277,7 +277,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lost_answer_holds_the_resource_for_the_quarantine() {
         let g = gate(Duration::from_millis(100));
-        let old = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
+        let old = g
+            .admit("r", 33, Kind::Write)
+            .await
+            .unwrap()
+            .permit()
+            .unwrap();
         assert!(old.body_complete());
         assert!(settle(
             held(vec![old], ObjectHold::none()),
@@ -296,7 +301,13 @@ mod tests {
         // 30.5 s after the loss the quarantine is over.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         let admitted = tokio::time::Instant::now();
-        assert!(g.admit("r", 34, Kind::Write).await.unwrap().is_some());
+        assert!(
+            g.admit("r", 34, Kind::Write)
+                .await
+                .unwrap()
+                .permit()
+                .is_some()
+        );
         assert_eq!(admitted.elapsed(), Duration::ZERO);
     }
 
@@ -304,16 +315,32 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_incomplete_body_or_an_answer_releases_at_once() {
         let g = gate(Duration::from_secs(1));
-        let streaming = g.admit("r", 33, Kind::Write).await.unwrap().unwrap();
+        let streaming = g
+            .admit("r", 33, Kind::Write)
+            .await
+            .unwrap()
+            .permit()
+            .unwrap();
         assert!(!settle(
             held(vec![streaming], ObjectHold::none()),
             Some("reset")
         ));
-        let answered = g.admit("r", 34, Kind::Write).await.unwrap().unwrap();
+        let answered = g
+            .admit("r", 34, Kind::Write)
+            .await
+            .unwrap()
+            .permit()
+            .unwrap();
         assert!(answered.body_complete());
         assert!(!settle(held(vec![answered], ObjectHold::none()), None));
         let waiting = tokio::time::Instant::now();
-        assert!(g.admit("r", 35, Kind::Write).await.unwrap().is_some());
+        assert!(
+            g.admit("r", 35, Kind::Write)
+                .await
+                .unwrap()
+                .permit()
+                .is_some()
+        );
         assert_eq!(waiting.elapsed(), Duration::ZERO);
     }
 

@@ -1,52 +1,55 @@
-//! A request's life in fencegate, as named phases over one `RequestCtx`
-//! (see `Proxy::process`, which reads as the list below):
+//! A request's life in fencegate, as named phases over one `RequestCtx`.
+//! `Proxy::process` reads as this table; each phase is one function, in
+//! the file named:
 //!
-//! 1. `check_head`: size limit, query parsed once; a CORS preflight and
-//!    (with `server.anonymous_reads`) an unsigned read leave here for the
-//!    backend, unsigned (`public.rs`);
-//! 2. `authenticate`: SigV4 against fencegate's credential table;
-//! 3. `classify`: operation, bucket, key and copy source, each in the one
-//!    form that is fenced *and* forwarded (`s3::names`); keys a backend
-//!    would read as another object are refused here;
-//! 4. `authorize`: the credential may use the bucket, the copy source's
-//!    bucket, and administer the bucket for bucket-level writes;
-//! 5. `token` (`admit.rs`): the token from its carriers (signed ones only),
-//!    or the one that created the multipart upload the request belongs to;
-//! 6. `route` (`to_owner.rs`) over `fence` (`admit.rs`): resource from the
-//!    rules, admission through the gate (check, durable raise, ordering
-//!    barrier), or, in cluster mode with owners, the answer of the replica
-//!    that owns the resource, the request forwarded there; then `hold_object`
-//!    (`conditional.rs`): a write that replaces or deletes its object holds
-//!    it, and its conditions are judged under the hold (CONTRACT §8). In
-//!    cluster mode an unconditional fenced write's shared hold is put by its
-//!    admission, in the same etcd transaction;
-//! 7. `upstream_request` (`outgoing.rs`): the body pipeline and the
-//!    headers the backend gets, token stamped; then `per_op` (`per_op.rs`),
-//!    what an operation adds, in one `match` (a conditional write made to
-//!    hold on the backend, a fenced copy, CreateBucket, DeleteObjects);
-//! 8. `forward` (`forward.rs`): the upstream exchange in a task of its own
-//!    that keeps the write's permits until the backend's answer is complete,
-//!    even if the client leaves, and holds the resource closed for a
-//!    quarantine when that answer is lost after a complete body;
-//! 9. `respond`: the backend's answer streamed back (a limited credential's
-//!    bucket list filtered; an upload's token remembered).
+//! | # | phase | file::function | what it does |
+//! |---|---|---|---|
+//! | 1 | head | `head.rs::check_head` | size limit, query parsed once; a CORS preflight and (with `server.anonymous_reads`) an unsigned read leave here, unsigned (`public.rs`) |
+//! | 2 | authenticate | `head.rs::authenticate` | SigV4 against the credential table |
+//! | 3 | classify | `head.rs::classify` | operation, bucket, key and copy source, each in the one form that is fenced *and* forwarded (`s3::names`) |
+//! | 4 | authorize | `head.rs::authorize` | the credential may use the bucket(s), administer it for bucket writes, and a session credential's scope holds |
+//! | 5 | token | `token.rs::token` | the fencing token from a signed carrier, the session credential, or the multipart upload it belongs to |
+//! | 6 | route | `route.rs::route` | where it is served: here through `fence.rs::fence` (resource from the rules; the gate's check, durable raise and ordering barrier), or at the owner (`to_owner.rs::to_owner`), or at a peer when cut off from etcd (`to_owner.rs::relay`) |
+//! | 7 | hold | `conditional.rs::hold_object` | a write that replaces or deletes its object holds it; its conditions are judged under the hold (CONTRACT §8). In cluster mode an unconditional write's hold is put by its admission |
+//! | 8 | upstream request | `outgoing.rs::upstream_request`, then `per_op.rs::per_op` | the body pipeline (behind the body gate) and the headers the backend gets, token stamped; what one operation adds (a condition made to hold on the backend, a fenced copy, CreateBucket, DeleteObjects) |
+//! | 9 | forward | `forward.rs::forward` | the exchange, in a task that keeps the write's permits until the answer is complete, even if the client leaves; a quarantine when the answer is lost after a complete body |
+//! | 10 | respond | `respond.rs::respond` | the answer streamed back (a limited credential's bucket list filtered, an upload's token recorded) |
+//!
+//! Where a PutObject becomes durable, in order:
+//!
+//! - **its token**, when it raises the fence: phase 6, `Gate::admit` →
+//!   `raise_slot` → `FenceTable::raise` (`fence/table.rs`: one redb commit,
+//!   fsynced, before the write is admitted; in cluster mode an etcd
+//!   transaction, `fence/cluster/owners.rs`);
+//! - **its body** only once its permit still stands: the body gate
+//!   (`fence/body_gate.rs`) holds the last frame until then (phase 8);
+//! - **its bytes**, on the embedded store: the blob file fsynced
+//!   (`store/blobs.rs`), then the index entry in the store's group commit
+//!   (`store/commit.rs`), before the store answers; on an S3 backend,
+//!   when the backend answers (phase 9);
+//! - **a multipart upload's token**, in phase 10
+//!   (`FenceTable::record_upload`).
 //!
 //! Every phase returns `Result<_, S3Error>`; the one error exit in
 //! [`Proxy::handle`] renders it as S3 XML (with the CORS headers the
 //! backend allows a browser's origin), and one log event per request is
 //! written there at the end.
 
-mod admit;
 mod conditional;
 mod copy;
+mod fence;
 mod forward;
+mod head;
 mod multi_delete;
 mod outgoing;
 mod peers;
 mod per_op;
 mod public;
+mod respond;
+mod route;
 mod small_body;
 mod to_owner;
+mod token;
 
 use crate::body::{ProxyBody, full};
 use crate::config::{Config, Credential};
@@ -58,24 +61,20 @@ use crate::metric_names as m;
 use crate::s3::auth::{self, Credentials, Verified};
 use crate::s3::conditions::Conditions;
 use crate::s3::error::S3Error;
-use crate::s3::names;
-use crate::s3::op::{self, Access, Op, Operation};
+use crate::s3::op::Operation;
 use crate::s3::query::{self, Param};
 use crate::s3::session::SessionKeys;
-use crate::s3::xml;
-use crate::upstream::client::{Upstream, clean_response_headers};
+use crate::upstream::client::Upstream;
 use crate::upstream::probe::Probe;
-use bytes::Bytes;
-use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use per_op::{Exchange, Prepared};
+use route::Route;
 use small_body::read_small_body;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
-use to_owner::Route;
+use std::time::{Duration, Instant};
 
 /// Chunk size of aws-chunked bodies sent upstream.
 const UPSTREAM_CHUNK: usize = 64 * 1024;
@@ -101,7 +100,7 @@ pub struct Proxy {
     probe: Arc<Probe>,
     /// Debug switch: a session credential's token is not used
     /// (`FENCEGATE_UNSAFE_SESSION_NO_TOKEN=1`), to see its tests fail.
-    session_token_ignored: bool,
+    session_fencing_off: bool,
     /// Cluster mode with owners: the other replicas (`peers.rs`).
     peers: Option<Arc<peers::Peers>>,
     next_id: AtomicU64,
@@ -136,7 +135,7 @@ struct RequestCtx {
     /// saw (`to_owner.rs`).
     forwarded: Option<i64>,
     /// Cluster mode with owners: how many times this request was sent to
-    /// an owner (`to_owner.rs`, at most [`to_owner::MAX_SENDS`]).
+    /// an owner (`route.rs`, at most [`route::MAX_SENDS`]).
     forward_sends: u32,
     /// Cluster mode with owners: relayed here by a replica cut off from
     /// etcd (`to_owner.rs`, never relayed again).
@@ -236,7 +235,7 @@ impl Proxy {
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             conditional_writes: cfg.fence.conditional_writes,
             probe,
-            session_token_ignored: unsafe_switch(
+            session_fencing_off: unsafe_switch(
                 "FENCEGATE_UNSAFE_SESSION_NO_TOKEN",
                 "the token of session credentials",
             ),
@@ -414,171 +413,6 @@ impl Proxy {
             true => Ok(resp),
             false => multi_delete::with_refused(resp, &refused).await,
         }
-    }
-
-    /// Phase 1: the head's size, and the query parsed once.
-    fn check_head<'h>(&self, head: &'h Parts) -> Result<Vec<Param<'h>>, S3Error> {
-        let header_bytes: usize = head
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum::<usize>()
-            + head.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
-        if header_bytes > self.max_header_bytes {
-            return Err(S3Error::RequestHeaderSectionTooLarge);
-        }
-        let query = query::decode_query(head.uri.query());
-        // A short query (a presigned URL has eight names) is scanned; a
-        // long one goes through a set, so that it cannot cost quadratic
-        // time.
-        let repeated = if query.len() <= 16 {
-            (1..query.len()).find(|&i| query[..i].iter().any(|(k, _)| *k == query[i].0))
-        } else {
-            let mut names = std::collections::HashSet::with_capacity(query.len());
-            query.iter().position(|(k, _)| !names.insert(k.as_ref()))
-        };
-        if let Some(i) = repeated {
-            return Err(S3Error::InvalidArgument(format!(
-                "query parameter {:?} is given more than once",
-                query[i].0
-            )));
-        }
-        Ok(query)
-    }
-
-    /// Phase 2: SigV4.
-    fn authenticate(
-        &self,
-        ctx: &mut RequestCtx,
-        head: &Parts,
-        query: &[Param<'_>],
-    ) -> Result<Verified, S3Error> {
-        let verified = auth::verify(
-            &auth::Head {
-                method: head.method.as_str(),
-                raw_path: head.uri.path(),
-                query,
-                headers: &head.headers,
-            },
-            &self.creds,
-            &self.region,
-            SystemTime::now(),
-        )?;
-        ctx.credential = Some(verified.credential.clone());
-        ctx.session = verified.session.clone();
-        ctx.payload = verified.payload.name();
-        Ok(verified)
-    }
-
-    /// Phase 3: what the request does, to which bucket and key.
-    fn classify(
-        &self,
-        ctx: &mut RequestCtx,
-        head: &Parts,
-        query: &[Param<'_>],
-    ) -> Result<Operation, S3Error> {
-        let (bucket, key) = self.split(ctx, head)?;
-        let op = op::classify(&head.method, bucket, key, query, &head.headers)?;
-        ctx.op = op.op.name();
-        Ok(op)
-    }
-
-    /// The bucket and key of a request, from its host and path.
-    fn split(
-        &self,
-        ctx: &mut RequestCtx,
-        head: &Parts,
-    ) -> Result<(Option<String>, Option<String>), S3Error> {
-        let host = head
-            .headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok());
-        let (bucket, key) = names::split_request(host, head.uri.path(), &self.domains)?;
-        ctx.bucket = bucket.clone();
-        ctx.key = key.clone();
-        Ok((bucket, key))
-    }
-
-    /// Phase 4: the credential's buckets and admin right, and a session
-    /// credential's scope.
-    fn authorize(&self, v: &Verified, op: &Operation, query: &[Param<'_>]) -> Result<(), S3Error> {
-        let Some(bucket) = &op.bucket else {
-            return Ok(());
-        };
-        let key_id = &v.credential.access_key_id;
-        if !v.credential.allows_bucket(bucket) {
-            return Err(S3Error::AccessDenied(format!(
-                "access key {key_id} may not use bucket {bucket}"
-            )));
-        }
-        if let Some(src) = &op.copy_source
-            && !v.credential.allows_bucket(&src.bucket)
-        {
-            return Err(S3Error::AccessDenied(format!(
-                "access key {key_id} may not read the copy source bucket {}",
-                src.bucket
-            )));
-        }
-        if op.access() == Access::BucketWrite && !v.credential.bucket_admin {
-            return Err(S3Error::AccessDenied(format!(
-                "access key {key_id} may not administer bucket {bucket}"
-            )));
-        }
-        match &v.session {
-            Some(s) => s.reaches(op, query),
-            None => Ok(()),
-        }
-    }
-
-    /// Phase 9: the backend's answer to the client.
-    async fn respond(
-        &self,
-        resp: Response<ProxyBody>,
-        op: &Operation,
-        verified: &Verified,
-        token: Option<u64>,
-    ) -> Result<Response<ProxyBody>, S3Error> {
-        let (mut parts, body) = resp.into_parts();
-        clean_response_headers(&mut parts.headers);
-        let ok = parts.status.is_success();
-        let cred = &verified.credential;
-        if op.op == Op::ListBuckets && ok && !cred.allows_bucket("*") {
-            // Show a limited credential only the buckets it may use.
-            let bytes = read_small_body(body, 8 << 20).await?;
-            let kept = xml::keep_buckets(&bytes, |b| cred.allows_bucket(b)).ok_or_else(|| {
-                S3Error::BadGateway("the backend's bucket list does not parse".into())
-            })?;
-            parts.headers.remove(http::header::CONTENT_LENGTH);
-            return Ok(Response::from_parts(parts, full(Bytes::from(kept))));
-        }
-        let (Some(b), Some(k)) = (&op.bucket, &op.key) else {
-            return Ok(Response::from_parts(parts, body));
-        };
-        let store = self.gate.store();
-        let upload = op.upload_id.as_deref().map(|u| upload_key(b, k, u));
-        match (op.op, token) {
-            (Op::CreateMultipartUpload, Some(t)) if ok => {
-                // A small XML document: read it to learn the upload id.
-                let bytes = read_small_body(body, 1 << 20).await?;
-                if let Some(id) = xml::upload_id(&bytes) {
-                    let upload = upload_key(b, k, &id);
-                    store
-                        .record_upload(&upload, t)
-                        .await
-                        .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?;
-                }
-                return Ok(Response::from_parts(parts, full(bytes)));
-            }
-            (Op::CompleteMultipartUpload | Op::AbortMultipartUpload, _) if ok => {
-                if let Some(upload) = upload
-                    && let Err(e) = store.forget_upload(&upload).await
-                {
-                    tracing::warn!("forgetting upload {upload:?}: {e}");
-                }
-            }
-            _ => {}
-        }
-        Ok(Response::from_parts(parts, body))
     }
 }
 

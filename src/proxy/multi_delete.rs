@@ -13,7 +13,7 @@
 use super::small_body::{Checksum, read_body, read_small_body, send_body};
 use super::{Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
-use crate::fence::gate::{Kind, Permit, Refusal};
+use crate::fence::gate::{Admission, Kind, Permit, Refusal};
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::fence::resource::Fencing;
 use crate::s3::conditions::{Conditions, Failed};
@@ -48,8 +48,9 @@ pub(super) struct MultiDelete {
 /// What [`Proxy::admit_all`] got.
 enum AdmittedAll {
     Here(Vec<Permit>),
-    /// The first resource is owned by this replica (at this epoch).
-    Elsewhere(String, i64),
+    /// The first resource is owned by another replica (its name), at
+    /// this epoch.
+    Owner(String, i64),
 }
 
 impl Proxy {
@@ -94,7 +95,7 @@ impl Proxy {
                 ctx.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
                 match self.admit_all(&resources, t).await? {
                     AdmittedAll::Here(permits) => permits,
-                    AdmittedAll::Elsewhere(owner, epoch) => {
+                    AdmittedAll::Owner(owner, epoch) => {
                         return Ok(MultiDelete {
                             permits: Vec::new(),
                             hold: ObjectHold::none(),
@@ -200,13 +201,13 @@ impl Proxy {
         let mut permits = Vec::new();
         for r in resources {
             match self.gate.admit(r, token, Kind::Write).await {
-                Ok(p) => permits.extend(p),
+                Ok(Admission::Here(p)) => permits.extend(p),
                 // With owners: the whole request goes to the owner of the
                 // first resource, which admits the others or refuses.
-                Err(Refusal::Elsewhere(owner, epoch)) if permits.is_empty() => {
-                    return Ok(AdmittedAll::Elsewhere(owner, epoch));
+                Ok(Admission::Owner(owner, epoch)) if permits.is_empty() => {
+                    return Ok(AdmittedAll::Owner(owner, epoch));
                 }
-                Err(Refusal::Elsewhere(owner, _)) => {
+                Ok(Admission::Owner(owner, _)) => {
                     return Err(S3Error::SlowDown(format!(
                         "{r} is owned by replica {owner}, and other keys' resources by this one: \
                          send the keys of each resource in a request of its own"

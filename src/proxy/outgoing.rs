@@ -2,9 +2,9 @@
 //! stamped, fencegate's own parameters removed) and the body pipeline for
 //! each payload form (verify, hold back the last frame, re-encode).
 
-use super::to_owner::RequestBody;
+use super::route::RequestBody;
 use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
-use crate::fence::commit::{Stop, commit_gate};
+use crate::fence::body_gate::{Stop, body_gate};
 use crate::s3::auth::{Payload, Verified};
 use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec};
@@ -49,7 +49,7 @@ impl Proxy {
         let resource = fenced.resource.clone().unwrap_or_default();
         let hold = (!admitted.hold.is_empty()).then(|| admitted.hold.clone());
         let gated = |frames| {
-            commit_gate(
+            body_gate(
                 frames,
                 fenced.permit.clone(),
                 hold,

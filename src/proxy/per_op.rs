@@ -61,7 +61,7 @@ impl Proxy {
     /// The operations that `fence.conditional_writes` sends with a
     /// condition on their object as admitted. The gate's
     /// [`Kind::Conditioned`](crate::fence::gate::Kind) is chosen by the
-    /// same rule (`admit.rs`).
+    /// same rule (`fence.rs`).
     pub(super) fn conditions_on_backend(&self, op: Op) -> bool {
         let per_object = matches!(
             op,

@@ -13,7 +13,7 @@
 //! A forwarded request the owner did not admit because ownership moved
 //! (it let the resource go while idle, and the forwarder did not know) is
 //! answered [`S3Error::Moved`]: nothing was done. A body of at most
-//! [`REPLAYABLE`] bytes is read whole before it is forwarded, so the
+//! [`REPLAYABLE`](super::route::REPLAYABLE) bytes is read whole before it is forwarded, so the
 //! forwarder can route such a request again, to the new owner or here,
 //! instead of passing the 503 on; a larger body is streamed, and its
 //! client gets the 503 and retries.
@@ -30,13 +30,12 @@
 //! flight there: `502` (the owner may have had the whole request, so its
 //! outcome is unknown), or `503` when nothing was sent.
 
-use super::{Fenced, Proxy, RequestCtx};
+use super::{Proxy, RequestCtx};
 use crate::body::ProxyBody;
 use crate::fence::gate::Mode;
 use crate::fence::hold::Holder;
 use crate::metric_names as m;
 use crate::s3::error::{MOVED, S3Error};
-use crate::s3::op::Operation;
 use crate::upstream::client::UpstreamBody;
 use bytes::Bytes;
 use http::request::Parts;
@@ -53,35 +52,6 @@ pub const FORWARDED: &str = "x-fencegate-forwarded";
 /// (its name): the peer serves it as its own, but never relays it again.
 pub const RELAYED: &str = "x-fencegate-relayed";
 
-/// The largest body a forwarder reads whole, so that it can send the
-/// request again when its owner moved (a few writes in flight at an
-/// ownership change: memory stays small).
-pub const REPLAYABLE: u64 = 256 * 1024;
-
-/// The client's request body: streaming, or read whole by a forwarder.
-pub(super) enum RequestBody {
-    Streaming(Incoming),
-    Read(Bytes),
-}
-
-impl RequestBody {
-    /// Its bytes as they come, with `idle` the longest wait for the next.
-    pub(super) fn stream(self, idle: Duration) -> crate::s3::chunked::ByteStream {
-        match self {
-            RequestBody::Streaming(b) => crate::s3::body::incoming(b, idle),
-            RequestBody::Read(b) => crate::s3::body::read(b),
-        }
-    }
-}
-
-/// Where a request is served, decided in phase 6.
-pub(super) enum Route {
-    /// Here: admitted (or not fenced), the client's body still to send.
-    Here(Fenced, RequestBody),
-    /// By the resource's owner, another replica, which answered.
-    Owner(Response<ProxyBody>),
-}
-
 /// What became of a request sent towards its owner.
 pub(super) enum Sent<B> {
     Answered(Response<ProxyBody>),
@@ -93,19 +63,6 @@ pub(super) enum Sent<B> {
     /// request is routed again, but not sent there at that epoch.
     Moved(B),
 }
-
-/// The most times one client request is sent to owners; past it the
-/// client gets `503 SlowDown` (nothing was done) and retries. Each send is
-/// to another owner or epoch (a `Moved` one is never sent to again), so
-/// this is reached only while ownership moves quickly.
-pub const MAX_SENDS: u32 = 3;
-
-/// The first wait after an owner said `Moved` and etcd still names it at
-/// that epoch (a restarted replica's old incarnation, an owner cut off from
-/// etcd): doubled each time, up to [`MOVED_WAIT_MAX`], until the owner key
-/// changes or the admission wait runs out.
-const MOVED_WAIT: Duration = Duration::from_millis(50);
-const MOVED_WAIT_MAX: Duration = Duration::from_secs(1);
 
 /// A request's body as the client sent it: still streaming, or read whole
 /// (a DeleteObjects, whose keys name the owner).
@@ -141,110 +98,7 @@ impl ClientBody for Bytes {
     }
 }
 
-impl ClientBody for RequestBody {
-    fn upstream(self) -> UpstreamBody {
-        match self {
-            RequestBody::Streaming(b) => b.upstream(),
-            RequestBody::Read(b) => b.upstream(),
-        }
-    }
-
-    fn replay(&self) -> Option<Self> {
-        match self {
-            RequestBody::Streaming(_) => None,
-            RequestBody::Read(b) => Some(RequestBody::Read(b.clone())),
-        }
-    }
-}
-
 impl Proxy {
-    /// Phase 6, the route: the admission here, or, for a resource another
-    /// replica owns, the owner's answer. An owner that cannot be reached
-    /// is tried again (`to_owner`) until the resource is taken here (its
-    /// owner gone) or the wait runs out.
-    pub(super) async fn route(
-        &self,
-        ctx: &mut RequestCtx,
-        head: &Parts,
-        body: Incoming,
-        op: &Operation,
-        unconditional: bool,
-    ) -> Result<Route, S3Error> {
-        let mut fenced = match self.fence(ctx, op, ctx.token, unconditional).await {
-            Ok(fenced) => fenced,
-            Err(e) => {
-                let Some(peer) = self.relay_to(ctx, &e) else {
-                    return Err(e);
-                };
-                return Box::pin(self.relay(ctx, head, body, peer, e))
-                    .await
-                    .map(Route::Owner);
-            }
-        };
-        if fenced.owner.is_none() {
-            return Ok(Route::Here(fenced, RequestBody::Streaming(body)));
-        }
-        // Boxed: the forwarding is a future of several KB that a request
-        // served here never needs.
-        Box::pin(async move {
-            let deadline = Instant::now() + self.gate.wait_bound();
-            let mut body = self.replayable(head, body).await?;
-            // The owner (and epoch) that answered `Moved`: not sent to
-            // again until etcd names another owner or epoch.
-            let mut moved_at: Option<(String, i64)> = None;
-            let mut wait = MOVED_WAIT;
-            while let Some(owner) = fenced.owner.take() {
-                let resource = ctx.resource.clone().unwrap_or_default();
-                if moved_at.as_ref() == Some(&owner) {
-                    if Instant::now() + wait >= deadline {
-                        return Err(still_moved(&resource, &owner.0));
-                    }
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MOVED_WAIT_MAX);
-                    self.gate.forget_owner(&resource);
-                } else if ctx.forward_sends >= MAX_SENDS {
-                    return Err(S3Error::SlowDown(format!(
-                        "the owner of {resource} moved {MAX_SENDS} times while this request \
-                         was forwarded; nothing was done"
-                    )));
-                } else {
-                    match self
-                        .to_owner(ctx, head, body, owner.clone(), deadline)
-                        .await?
-                    {
-                        Sent::Answered(resp) => return Ok(Route::Owner(resp)),
-                        Sent::Unreached(b) => body = b,
-                        Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
-                    }
-                }
-                fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
-            }
-            Ok(Route::Here(fenced, body))
-        })
-        .await
-    }
-
-    /// The body of a request to forward: read whole when it is small
-    /// enough to send again ([`REPLAYABLE`]), else streamed.
-    async fn replayable(&self, head: &Parts, body: Incoming) -> Result<RequestBody, S3Error> {
-        let len = head
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if len.is_none_or(|n| n > REPLAYABLE) {
-            return Ok(RequestBody::Streaming(body));
-        }
-        let mut read = bytes::BytesMut::new();
-        let mut pieces = crate::s3::body::incoming(body, self.body_idle);
-        while let Some(piece) = futures_util::StreamExt::next(&mut pieces).await {
-            read.extend_from_slice(&piece?);
-            if read.len() as u64 > REPLAYABLE {
-                return Err(S3Error::IncompleteBody);
-            }
-        }
-        Ok(RequestBody::Read(read.freeze()))
-    }
-
     /// A DeleteObjects whose keys' resources `owner` owns goes there with
     /// the body it read (a body that is not aws-chunked: what was read is
     /// what the client sent, and its signature still holds).
@@ -376,26 +230,11 @@ impl Proxy {
         Ok(Sent::Answered(resp.map(|b| b.map_err(Into::into).boxed())))
     }
 
-    /// Where a request this replica cannot admit goes instead: to a peer,
-    /// when this replica is cut off from etcd (its lease not fresh) and
-    /// the request came from a client, not from another replica.
-    fn relay_to(&self, ctx: &RequestCtx, e: &S3Error) -> Option<String> {
-        let Mode::Owners(c) = self.gate.mode() else {
-            return None;
-        };
-        let from_client = ctx.forwarded.is_none() && !ctx.relayed;
-        let unavailable = matches!(e, S3Error::ServiceUnavailable(_));
-        if !from_client || !unavailable || c.not_ready().is_none() {
-            return None;
-        }
-        c.some_peer()
-    }
-
     /// Sends a request this replica cannot admit (cut off from etcd) to
     /// the peer at `url`, marked [`RELAYED`]: the peer admits it, or
     /// forwards it to the owner, as a request of its own, but never relays
     /// it again. `why` is the answer when the peer cannot be reached.
-    async fn relay(
+    pub(super) async fn relay(
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
@@ -510,15 +349,6 @@ pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
 pub(super) fn moved(resource: &str) -> S3Error {
     S3Error::Moved(format!(
         "{resource} moved to another replica while this request was forwarded"
-    ))
-}
-
-/// The answer to a request whose owner said it moved, while etcd still
-/// names that owner at that epoch when the admission wait runs out.
-fn still_moved(resource: &str, owner: &str) -> S3Error {
-    S3Error::SlowDown(format!(
-        "replica {owner} no longer admits {resource}, and its ownership has not ended \
-         yet (its lease still runs); nothing was done"
     ))
 }
 

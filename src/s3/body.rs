@@ -1,8 +1,8 @@
 //! Request bodies on their way upstream, as streams of frames:
 //! the payload checks (hex SHA-256) and the aws-chunked encoder that carries
-//! checksum trailers to the backend. The commit gate that holds back the
+//! checksum trailers to the backend. The body gate that holds back the
 //! last frame until everything verified and the fence still admits the write
-//! is the fence's (`fence::commit`).
+//! is the fence's (`fence::body_gate`).
 
 use super::chunked::{ByteStream, FrameStream};
 use super::error::S3Error;
@@ -25,7 +25,7 @@ use std::time::Duration;
 /// The idle timer is armed only when the body has nothing ready: a small
 /// body that came with its head never touches the timer wheel.
 /// A body already read whole, as a stream of one piece.
-pub fn read(body: Bytes) -> ByteStream {
+pub fn whole(body: Bytes) -> ByteStream {
     Box::pin(futures_util::stream::iter(
         (!body.is_empty()).then_some(Ok(body)),
     ))

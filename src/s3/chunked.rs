@@ -6,7 +6,7 @@
 //!
 //! Chunk data is passed on before its chunk's signature is checked (nothing
 //! is buffered); that is safe because the last bytes of a body are released
-//! upstream only after the whole body verified (see `fence::commit`).
+//! upstream only after the whole body verified (see `fence::body_gate`).
 
 use super::auth::Signing;
 use super::error::S3Error;

@@ -109,14 +109,13 @@ impl S3Error {
                 "older writes to {resource} are still finishing upstream"
             )),
             Refusal::Held(object) => S3Error::from_hold(HoldError::Busy(object)),
-            Refusal::Store(e) => S3Error::ServiceUnavailable(e.to_string()),
+            Refusal::Table(e) => S3Error::ServiceUnavailable(e.to_string()),
             Refusal::Unavailable(e) => S3Error::ServiceUnavailable(format!(
                 "the shared fence table cannot be reached: {e}"
             )),
-            Refusal::Elsewhere(replica, _) => S3Error::SlowDown(format!(
-                "{resource} is owned by replica {replica}, which this request cannot reach from here"
-            )),
-            Refusal::Moved => S3Error::SlowDown(format!("{resource} moved to another replica")),
+            Refusal::TenureLost => {
+                S3Error::SlowDown(format!("{resource} moved to another replica"))
+            }
             Refusal::Unmarked => S3Error::SlowDown(format!("{resource} is changing hands")),
             Refusal::Landing(left) => S3Error::SlowDown(format!(
                 "{resource}'s previous owner stopped with a write that may still land at the \

@@ -1,4 +1,4 @@
-//! Group commit: admissions on distinct resources that arrive while one
+//! Batched admissions: admissions on distinct resources that arrive while one
 //! etcd transaction is on its way go together in the next one, each as a
 //! nested transaction of its own. Under load this makes one raft commit
 //! serve many writes; alone, a request still goes at once, in one round

@@ -12,7 +12,7 @@
 //!   Raises made at another replica (the admin API, eager fencing) are put
 //!   in etcd and acknowledged by the owner before they are answered.
 //! - Other replicas forward the resource's requests to the owner, found at
-//!   `replicas/<owner>` (`peers.rs`; the proxy's `to_owner.rs` sends them).
+//!   `replicas/<owner>` (`directory.rs`; the proxy's `to_owner.rs` sends them).
 //! - An idle or evicted resource is released. When an owner dies, its key
 //!   goes with its lease; the next owner waits out the rest of the
 //!   quarantine before it admits only if the owner's in-flight marker is
@@ -45,7 +45,7 @@
 //!   memory: only holds on objects outside any fenced resource are in
 //!   etcd.
 //! - `store.rs` makes the fences and the open uploads' tokens a
-//!   `FenceStore` (the admin API's listing, `fences import`, multipart
+//!   `FenceTable` (the admin API's listing, `fences import`, multipart
 //!   uploads).
 //!
 //! It knows nothing of the gate: `gate/owned.rs` and `gate/cluster.rs`
@@ -53,13 +53,13 @@
 
 mod background;
 mod batch;
+mod directory;
 mod holds;
 pub mod incarnation;
 pub mod keys;
 mod lease;
 mod owners;
-mod peers;
-mod store;
+mod table;
 mod wait;
 
 pub use background::Seen;
@@ -134,7 +134,7 @@ pub struct Cluster {
     replica: String,
     seq: AtomicU64,
     lease: Arc<Lease>,
-    /// To the group-commit task (`batch.rs`).
+    /// To the batching task (`batch.rs`).
     admissions: mpsc::UnboundedSender<batch::Admission>,
     deregister: mpsc::UnboundedSender<(String, u64)>,
     /// This replica's registrations now: the sweep deletes any other key of
@@ -147,9 +147,9 @@ pub struct Cluster {
     /// `cluster.ownership`: resources are owned by one replica at a time
     /// (`owners.rs`) rather than admitted in etcd write by write.
     pub owning: bool,
-    /// This replica's S3 URL for the others, once advertised (`peers.rs`).
+    /// This replica's S3 URL for the others, once advertised (`directory.rs`).
     advertised: std::sync::OnceLock<String>,
-    /// Other replicas' S3 URLs (`peers.rs`).
+    /// Other replicas' S3 URLs (`directory.rs`).
     addresses: dashmap::DashMap<String, String>,
     /// Replicas whose lease has ended, and a count bumped at each.
     departed: dashmap::DashMap<String, ()>,
@@ -402,7 +402,7 @@ impl Cluster {
             resource,
             token,
             puts,
-            crate::fence::store::now_ms(),
+            crate::fence::table::now_ms(),
         );
         let give_up = deadline.min(tokio::time::Instant::now() + ADMIT_RETRY_FOR);
         loop {

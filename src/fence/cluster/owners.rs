@@ -26,7 +26,7 @@
 
 use super::keys::{pad, parse_fence};
 use super::{Cluster, ClusterError, call};
-use crate::fence::store::now_ms;
+use crate::fence::table::now_ms;
 use etcd_client::{
     Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
@@ -159,7 +159,7 @@ fn raise_or(fence: &str, token: u64, guard: Option<Compare>, other: Vec<TxnOp>) 
 impl Cluster {
     /// Whether `tenure` still stands: its lease is the current one and
     /// surely alive.
-    pub fn holds(&self, tenure: &Tenure) -> bool {
+    pub fn tenure_stands(&self, tenure: &Tenure) -> bool {
         self.lease.fresh(tenure.generation)
     }
 

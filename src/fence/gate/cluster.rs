@@ -2,7 +2,7 @@
 //! table in etcd ([`crate::fence::cluster`]); the slot keeps this replica's
 //! writes in flight so that a raise from anywhere can abort them.
 
-use super::{Gate, Kind, Permit, Refusal, push_entry};
+use super::{Admission, Gate, Kind, Permit, Refusal, push_entry};
 use crate::fence::cluster::keys::{Outcome, holds_before};
 use crate::fence::cluster::{Cluster, Registration, Seen, WaitError};
 use crate::fence::hold::ObjectHold;
@@ -21,19 +21,19 @@ impl Gate {
         resource: &str,
         token: u64,
         object: &str,
-    ) -> Result<(Option<Permit>, Option<ObjectHold>), Refusal> {
+    ) -> Result<(Admission, Option<ObjectHold>), Refusal> {
         match &self.cluster {
             Some(c) if self.holds.put_by_admission() => {
                 let admitted = self.admit_per_write(c, resource, token, Kind::Write, Some(object));
                 let (permit, hold) = Box::pin(admitted).await?;
-                Ok((permit, hold.map(ObjectHold::in_cluster)))
+                Ok((Admission::Here(permit), hold.map(ObjectHold::in_cluster)))
             }
             _ => Ok((self.admit(resource, token, Kind::Write).await?, None)),
         }
     }
 
     /// Cluster mode: fences, registrations and the barrier are shared
-    /// through `cluster`, which is also the store.
+    /// through `cluster`, which is also the fence table.
     pub fn clustered(cluster: Arc<Cluster>, wait_bound: std::time::Duration) -> Gate {
         let mut gate = Gate::new(cluster.clone(), wait_bound);
         gate.holds = crate::fence::hold::Holds::new(wait_bound, Some(cluster.clone()));
@@ -114,7 +114,7 @@ impl Gate {
             .map(|s| s.key().clone())
             .collect();
         for r in busy {
-            if let (Ok(Some(h)), Some(slot)) = (self.store.get(&r).await, self.slots.get(&r)) {
+            if let (Ok(Some(h)), Some(slot)) = (self.table.get(&r).await, self.slots.get(&r)) {
                 self.note_raise(&slot, h);
             }
         }

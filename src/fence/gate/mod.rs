@@ -4,7 +4,7 @@
 //! in flight upstream. A request is admitted in three steps:
 //!
 //! 1. **check**: a token below the highest is stale and refused;
-//! 2. **raise**: a higher token is made durable in the store, becomes the
+//! 2. **raise**: a higher token is made durable in the fence table, becomes the
 //!    highest, and every lower-token write still streaming its body is
 //!    told to abort (its body never completes upstream);
 //! 3. **barrier**: the request waits until no lower-token write is in flight
@@ -18,8 +18,8 @@
 //!
 //! In cluster mode with owners (`owned.rs`, the default) a replica admits
 //! the resources it owns with these same steps, its raises put in etcd
-//! under its epoch, and refuses the others as [`Refusal::Elsewhere`] for
-//! the proxy to forward. Without owners (`cluster.rs`) the check, the raise
+//! under its epoch, and answers the others with the replica that owns
+//! them ([`Admission::Owner`]), for the proxy to forward to. Without owners (`cluster.rs`) the check, the raise
 //! and the barrier are one etcd transaction shared by every replica; the
 //! slots then only keep this replica's writes in flight (to abort them)
 //! and a hint of the fence.
@@ -31,7 +31,7 @@ pub use owned::Predecessors;
 
 use super::cluster::{Cluster, Registration, Tenure};
 use super::hold::Holds;
-use super::store::{FenceStore, StoreError};
+use super::table::{FenceTable, TableError};
 use crate::metric_names as m;
 use dashmap::DashMap;
 use std::sync::Arc;
@@ -66,18 +66,14 @@ pub enum Refusal {
     #[error("other writes to {0} are still in progress")]
     Held(String),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Table(#[from] TableError),
     /// Cluster mode: etcd cannot be asked now, so nothing is admitted.
     #[error("the shared fence table cannot be reached: {0}")]
     Unavailable(String),
-    /// Cluster mode with owners: the resource is owned by another replica
-    /// (its name), at this epoch; the proxy forwards the request there.
-    #[error("the resource is owned by replica {0}")]
-    Elsewhere(String, i64),
-    /// Cluster mode with owners: this replica lost the resource while
-    /// admitting (it is tried again).
-    #[error("the resource moved to another replica")]
-    Moved,
+    /// Cluster mode with owners: this replica's tenure on the resource
+    /// ended while admitting (it is tried again).
+    #[error("this replica's tenure on the resource ended")]
+    TenureLost,
     /// Cluster mode with owners: the owner's in-flight marker must be put
     /// back before this write is admitted (`owned.rs`, "Markers"). Never
     /// leaves the gate: the admission puts it and tries again.
@@ -88,6 +84,27 @@ pub enum Refusal {
     /// is admitted before (`owned.rs`).
     #[error("a write of the resource's previous owner may still land for {0:?}")]
     Landing(std::time::Duration),
+}
+
+/// Where a request was admitted.
+pub enum Admission {
+    /// Here: a permit for a write, none for a read.
+    Here(Option<Permit>),
+    /// Cluster mode with owners: nowhere yet, because another replica (its
+    /// name) owns the resource at this epoch; the proxy forwards the
+    /// request there (`proxy/to_owner.rs`).
+    Owner(String, i64),
+}
+
+impl Admission {
+    /// The permit of a request admitted here (`None` for a read, or when
+    /// another replica owns the resource).
+    pub fn permit(self) -> Option<Permit> {
+        match self {
+            Admission::Here(p) => p,
+            Admission::Owner(..) => None,
+        }
+    }
 }
 
 /// Whether the admitted request is tracked in flight.
@@ -219,7 +236,10 @@ impl Permit {
         let mut st = self.slot.lock();
         let raised_past = st.highest.is_some_and(|h| h > self.token);
         let lapsed = self.shared.as_ref().is_some_and(|r| !r.fresh())
-            || self.tenure.as_ref().is_some_and(|(c, t)| !c.holds(t));
+            || self
+                .tenure
+                .as_ref()
+                .is_some_and(|(c, t)| !c.tenure_stands(t));
         match st.inflight.iter_mut().find(|e| e.id == self.id) {
             Some(e) if e.phase == Phase::Aborted => false,
             Some(e) if raised_past || lapsed => {
@@ -276,15 +296,15 @@ impl Drop for Permit {
     }
 }
 
-/// The fence table of every resource, in front of the durable store.
+/// The fences of every resource, in front of the durable fence table.
 ///
-/// Slots are a cache: the store holds every fence, so a slot nobody is
+/// Slots are a cache: the fence table holds every fence, so a slot nobody is
 /// using (no write in flight, nobody admitting or loading) can be dropped
 /// and loaded again on demand. When more than `max_slots` are cached, the
 /// idle ones are dropped, which keeps memory bounded however many distinct
 /// resources are written.
 pub struct Gate {
-    store: Arc<dyn FenceStore>,
+    table: Arc<dyn FenceTable>,
     slots: DashMap<String, Arc<Slot>>,
     wait_bound: Duration,
     max_slots: usize,
@@ -304,9 +324,9 @@ pub struct Gate {
 pub const DEFAULT_MAX_SLOTS: usize = crate::config::DEFAULT_MAX_CACHED_RESOURCES;
 
 impl Gate {
-    pub fn new(store: Arc<dyn FenceStore>, wait_bound: Duration) -> Gate {
+    pub fn new(table: Arc<dyn FenceTable>, wait_bound: Duration) -> Gate {
         Gate {
-            store,
+            table,
             slots: DashMap::new(),
             wait_bound,
             max_slots: DEFAULT_MAX_SLOTS,
@@ -354,8 +374,8 @@ impl Gate {
         self.ordered = ordered;
     }
 
-    pub fn store(&self) -> &Arc<dyn FenceStore> {
-        &self.store
+    pub fn table(&self) -> &Arc<dyn FenceTable> {
+        &self.table
     }
 
     /// Cluster mode: the replicas' shared state.
@@ -391,12 +411,12 @@ impl Gate {
         }
     }
 
-    async fn slot(&self, resource: &str) -> Result<Arc<Slot>, StoreError> {
+    async fn slot(&self, resource: &str) -> Result<Arc<Slot>, TableError> {
         let slot = self.cached_slot(resource);
         if !slot.lock().loaded {
             let _g = slot.raising.lock().await;
             if !slot.lock().loaded {
-                let h = self.store.get(resource).await?;
+                let h = self.table.get(resource).await?;
                 let mut st = slot.lock();
                 st.highest = h;
                 st.loaded = true;
@@ -406,7 +426,7 @@ impl Gate {
     }
 
     /// The highest token recorded for `resource`.
-    pub async fn highest(&self, resource: &str) -> Result<Option<u64>, StoreError> {
+    pub async fn highest(&self, resource: &str) -> Result<Option<u64>, TableError> {
         if let Some(c) = &self.cluster {
             // An owner's slot is the fence; any other is a hint.
             if let Some(slot) = self.slots.get(resource).map(|s| s.clone())
@@ -414,7 +434,7 @@ impl Gate {
             {
                 return Ok(slot.lock().highest);
             }
-            return self.store.get(resource).await;
+            return self.table.get(resource).await;
         }
         Ok(self.slot(resource).await?.lock().highest)
     }
@@ -438,7 +458,7 @@ impl Gate {
         self.raise_slot(&slot, resource, token, None).await
     }
 
-    /// Raises `slot` when `token` is above its fence: in the store, or,
+    /// Raises `slot` when `token` is above its fence: in the fence table, or,
     /// for an `owner` (with owners in cluster mode), in etcd under its
     /// epoch.
     async fn raise_slot(
@@ -463,11 +483,11 @@ impl Gate {
         if !needs_raise(slot.lock().highest)? {
             return Ok((token, false));
         }
-        // One process raises a single node's store; an owner's fence may
+        // One process raises a single node's fence table; an owner's fence may
         // also be raised by another replica (the admin API, eager fencing).
         let (recorded, put) = match owner {
             Some(o) => self.raise_owned(slot, resource, token, o).await?,
-            None => (self.store.raise(resource, token).await?, true),
+            None => (self.table.raise(resource, token).await?, true),
         };
         if put {
             metrics::counter!(m::RAISES).increment(1);
@@ -497,14 +517,14 @@ impl Gate {
         h
     }
 
-    /// Admits a request carrying `token` on `resource` (see the module doc).
-    /// Returns a permit for writes, `None` for reads.
+    /// Admits a request carrying `token` on `resource` (see the module doc):
+    /// here, with a permit for a write, or by the replica owning it.
     pub async fn admit(
         &self,
         resource: &str,
         token: u64,
         kind: Kind,
-    ) -> Result<Option<Permit>, Refusal> {
+    ) -> Result<Admission, Refusal> {
         // Boxed: their etcd transactions are futures of several KB, which
         // would otherwise size every request's future, clustered or not.
         match self.mode() {
@@ -513,13 +533,15 @@ impl Gate {
             }
             Mode::PerWrite(c) => {
                 let admitted = Box::pin(self.admit_per_write(c, resource, token, kind, None)).await;
-                return admitted.map(|(permit, _)| permit);
+                return admitted.map(|(permit, _)| Admission::Here(permit));
             }
             Mode::Single => {}
         }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token, None).await?;
-        self.barrier(&slot, token, kind, None).await
+        self.barrier(&slot, token, kind, None)
+            .await
+            .map(Admission::Here)
     }
 
     /// Waits until no lower-token write is in flight in `slot`, up to the
@@ -563,8 +585,8 @@ impl Gate {
         let mut st = slot.lock();
         if let Some((c, tenure)) = owner {
             match &mut st.owned {
-                Some(o) if o.tenure == tenure && c.holds(&tenure) => o.touched = true,
-                _ => return Some(Err(Refusal::Moved)),
+                Some(o) if o.tenure == tenure && c.tenure_stands(&tenure) => o.touched = true,
+                _ => return Some(Err(Refusal::TenureLost)),
             }
         }
         if let Some(h) = st.highest

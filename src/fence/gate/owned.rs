@@ -1,8 +1,8 @@
 //! The gate in cluster mode with owners (`fence::cluster::owners`): the
 //! replica that owns a resource admits it with the single-node steps
 //! (check, raise, barrier in its slot), its raises put in etcd under its
-//! epoch; a resource owned elsewhere is refused as [`Refusal::Elsewhere`],
-//! for the proxy to forward. Raises not made by a write (the admin API,
+//! epoch; for a resource owned elsewhere the admission names its owner
+//! ([`Admission::Owner`]), for the proxy to forward to. Raises not made by a write (the admin API,
 //! eager fencing) at a replica that does not own the resource go to etcd
 //! and wait for the owner's acknowledgement.
 //!
@@ -22,7 +22,7 @@
 //! a sweep or two leaves no wait. Writes of [`Kind::Conditioned`], which the
 //! backend itself refuses once overtaken, neither need nor keep it.
 
-use super::{Gate, Kind, Owner, Permit, Refusal, Slot, SlotState};
+use super::{Admission, Gate, Kind, Owner, Permit, Refusal, Slot, SlotState};
 use crate::fence::cluster::{Cluster, OwnedRaise, Predecessor, Take, Tenure};
 use crate::metric_names as m;
 use std::sync::Arc;
@@ -99,6 +99,14 @@ fn drop_tenure(slot: &Slot, tenure: Tenure) {
     }
 }
 
+/// Who owns a resource, as [`Gate::own`] found it.
+enum Owning {
+    /// This replica, in this tenure, with the resource's slot.
+    Here(Arc<Slot>, Tenure),
+    /// Another replica (its name), at this epoch.
+    By(String, i64),
+}
+
 fn unavailable(e: impl std::fmt::Display) -> Refusal {
     Refusal::Unavailable(e.to_string())
 }
@@ -111,27 +119,30 @@ impl Gate {
         resource: &str,
         token: u64,
         kind: Kind,
-    ) -> Result<Option<Permit>, Refusal> {
+    ) -> Result<Admission, Refusal> {
         let deadline = Instant::now() + self.wait_bound;
         loop {
-            let (slot, tenure) = self.own(c, resource, deadline).await?;
+            let (slot, tenure) = match self.own(c, resource, deadline).await? {
+                Owning::Here(slot, tenure) => (slot, tenure),
+                Owning::By(replica, epoch) => return Ok(Admission::Owner(replica, epoch)),
+            };
             let owner = Some((c, tenure));
             let admitted = match self.raise_slot(&slot, resource, token, owner).await {
                 Ok(_) => self.barrier(&slot, token, kind, owner).await,
                 Err(e) => Err(e),
             };
             match admitted {
-                Err(Refusal::Moved) if Instant::now() < deadline => drop_tenure(&slot, tenure),
+                Err(Refusal::TenureLost) if Instant::now() < deadline => drop_tenure(&slot, tenure),
                 Err(Refusal::Unmarked) => {
                     match self.mark(c, &slot, resource, tenure, deadline).await {
-                        Err(Refusal::Moved) if Instant::now() >= deadline => {
-                            return Err(Refusal::Moved);
+                        Err(Refusal::TenureLost) if Instant::now() >= deadline => {
+                            return Err(Refusal::TenureLost);
                         }
-                        Ok(()) | Err(Refusal::Moved) => {}
+                        Ok(()) | Err(Refusal::TenureLost) => {}
                         Err(e) => return Err(e),
                     }
                 }
-                other => return other,
+                other => return other.map(Admission::Here),
             }
         }
     }
@@ -155,7 +166,7 @@ impl Gate {
     pub(super) fn owned_here(&self, c: &Cluster, slot: &Slot) -> Option<Owned> {
         let mut st = slot.lock();
         match st.owned {
-            Some(o) if c.holds(&o.tenure) => Some(o),
+            Some(o) if c.tenure_stands(&o.tenure) => Some(o),
             Some(_) => {
                 st.owned = None;
                 None
@@ -165,13 +176,14 @@ impl Gate {
     }
 
     /// The slot of `resource`, owned here: taken if nobody owns it, and
-    /// ready (its predecessor's quarantine over).
+    /// ready (its predecessor's quarantine over); or the replica that owns
+    /// it.
     async fn own(
         &self,
         c: &Arc<Cluster>,
         resource: &str,
         deadline: Instant,
-    ) -> Result<(Arc<Slot>, Tenure), Refusal> {
+    ) -> Result<Owning, Refusal> {
         let slot = self.cached_slot(resource);
         loop {
             if let Some(o) = self.owned_here(c, &slot) {
@@ -196,7 +208,7 @@ impl Gate {
                         tokio::time::sleep_until(at).await;
                         continue;
                     }
-                    _ => return Ok((slot, o.tenure)),
+                    _ => return Ok(Owning::Here(slot, o.tenure)),
                 }
             }
             // The owner seen last, while its lease stands: no etcd.
@@ -204,7 +216,7 @@ impl Gate {
             if let Some((replica, epoch)) = seen
                 && !c.is_departed(&replica)
             {
-                return Err(Refusal::Elsewhere(replica, epoch));
+                return Ok(Owning::By(replica, epoch));
             }
             let guard = slot.raising.lock().await;
             if self.owned_here(c, &slot).is_some() {
@@ -240,7 +252,7 @@ impl Gate {
                 }
                 Take::Theirs(replica, epoch) => {
                     slot.lock().elsewhere = Some((replica.clone(), epoch));
-                    return Err(Refusal::Elsewhere(replica, epoch));
+                    return Ok(Owning::By(replica, epoch));
                 }
                 // Nothing of this replica's in flight there: no write of
                 // the old tenure can land any more (a dead predecessor's
@@ -334,7 +346,7 @@ impl Gate {
 
     /// Puts the in-flight marker of `slot`'s resource back, under its
     /// `raising` lock (a quiet sweep's deletion is then over), guarded by
-    /// `tenure`'s epoch: [`Refusal::Moved`] when the tenure is over.
+    /// `tenure`'s epoch: [`Refusal::TenureLost`] when the tenure is over.
     async fn mark(
         &self,
         c: &Cluster,
@@ -354,7 +366,7 @@ impl Gate {
             .map_err(unavailable)?
         {
             drop_tenure(slot, tenure);
-            return Err(Refusal::Moved);
+            return Err(Refusal::TenureLost);
         }
         if let Some(o) = slot.lock().owned.as_mut().filter(|o| mine(o)) {
             // Busy too: the next sweep leaves the marker to the write that
@@ -386,7 +398,7 @@ impl Gate {
                     return Ok(());
                 }
                 Some(o) => o.busy = true,
-                None => return Err(Refusal::Moved),
+                None => return Err(Refusal::TenureLost),
             }
         }
         let deadline = Instant::now() + self.wait_bound;
@@ -431,7 +443,7 @@ impl Gate {
     }
 
     /// The owner's durable raise ([`Gate::raise_slot`]): the fence it
-    /// recorded and whether this raise put it, or [`Refusal::Moved`] when
+    /// recorded and whether this raise put it, or [`Refusal::TenureLost`] when
     /// its tenure is over.
     pub(super) async fn raise_owned(
         &self,
@@ -447,7 +459,7 @@ impl Gate {
             Ok(OwnedRaise::Above(h)) => Ok((h, false)),
             Ok(OwnedRaise::Lost) => {
                 drop_tenure(slot, tenure);
-                Err(Refusal::Moved)
+                Err(Refusal::TenureLost)
             }
         }
     }
@@ -467,7 +479,7 @@ impl Gate {
                 .raise_slot(&slot, resource, token, Some((c, o.tenure)))
                 .await
             {
-                Err(Refusal::Moved) => {}
+                Err(Refusal::TenureLost) => {}
                 other => return other,
             }
         }

@@ -1,4 +1,4 @@
-//! The commit gate: where a fenced write's permit meets its body. The last
+//! The body gate: where a fenced write's permit meets its body. The last
 //! item of the body is held back until the body has ended cleanly and the
 //! permit still stands, so a backend never holds a complete body that the
 //! fence has aborted. The write's object hold is asked too: in cluster
@@ -32,7 +32,7 @@ pub enum Stop<'a> {
 /// backend cannot have a complete body; the object `hold` is asked last.
 /// An abort while streaming ends the body with `stop(..)`, which aborts the
 /// upstream request.
-pub fn commit_gate<T, E, F>(
+pub fn body_gate<T, E, F>(
     input: Items<T, E>,
     permit: Option<Arc<Permit>>,
     hold: Option<Arc<ObjectHold>>,
@@ -156,7 +156,7 @@ mod tests {
     #[tokio::test]
     async fn gate_never_releases_last_frame_before_a_clean_end() {
         let parts: Vec<Result<&str, &str>> = vec![Ok("a"), Ok("b"), Err("incomplete body")];
-        let out: Vec<_> = commit_gate(
+        let out: Vec<_> = body_gate(
             Box::pin(futures_util::stream::iter(parts)),
             None,
             None,

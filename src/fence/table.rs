@@ -2,9 +2,9 @@
 //! is where a raise is made durable before anything is forwarded or
 //! answered (CONTRACT §5).
 //!
-//! [`FenceStore`] has two implementations: [`RedbStore`] here
+//! [`FenceTable`] has two implementations: [`RedbTable`] here
 //! (`fences.redb`, a single node's), and the cluster's, in etcd
-//! (`cluster/store.rs`). The gate (`gate/mod.rs`) raises through the store
+//! (`cluster/table.rs`). The gate (`gate/mod.rs`) raises through the store
 //! only on a single node. In cluster mode it makes its raises in etcd
 //! itself: an owner's under its epoch (`gate/owned.rs`), or, without
 //! owners, in the one admission transaction that also checks and orders
@@ -39,17 +39,17 @@ pub struct FenceRecord {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("fence store: {0}")]
-pub struct StoreError(pub String);
+#[error("fence table: {0}")]
+pub struct TableError(pub String);
 
-pub trait FenceStore: Send + Sync + 'static {
+pub trait FenceTable: Send + Sync + 'static {
     /// The recorded highest token of `resource`, if any.
-    fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>>;
+    fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>>;
 
     /// Records `max(current, token)` for `resource` and returns once that is
     /// durable. Returns the highest now recorded (which may exceed `token`
     /// if another writer of a shared store got there first).
-    fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>>;
+    fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, TableError>>;
 
     /// Records in resource order, starting after `after`, at most `limit`.
     fn list(
@@ -57,17 +57,17 @@ pub trait FenceStore: Send + Sync + 'static {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>>;
+    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, TableError>>;
 
     /// Remembers, durably, the token that created multipart upload `upload`
     /// (`bucket/key\nuploadId`), unless [`MAX_OPEN_UPLOADS`] are open.
-    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), TableError>>;
 
     /// The token that created `upload`, if it is remembered.
-    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>>;
+    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>>;
 
     /// Forgets `upload` (completed or aborted).
-    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), TableError>>;
 
     /// Why raises cannot be made durable now, if they cannot (a full
     /// disk: readiness says it until they can).
@@ -78,7 +78,7 @@ pub trait FenceStore: Send + Sync + 'static {
 
 /// The embedded store: one redb file, `fences.redb`, in the data directory,
 /// reopened by itself after a disk error (`redb_file.rs`).
-pub struct RedbStore {
+pub struct RedbTable {
     file: Arc<DbFile>,
 }
 
@@ -95,45 +95,45 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn store_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
+fn store_err(e: impl std::fmt::Display) -> TableError {
+    TableError(e.to_string())
 }
 
-impl RedbStore {
+impl RedbTable {
     /// Opens or creates the store. Any problem with an existing file is an
     /// error for the caller to report; the file is never reset.
-    pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
+    pub fn open(path: &Path) -> Result<RedbTable, TableError> {
         // redb treats an empty file as a new database; for fencegate an
         // existing empty store is a lost one (truncated, or its disk
         // contents gone), and starting empty would admit stale writers.
         if let Ok(meta) = std::fs::metadata(path)
             && meta.len() == 0
         {
-            return Err(StoreError(format!(
-                "{} exists but is empty: the fence store was truncated or lost. \
+            return Err(TableError(format!(
+                "{} exists but is empty: the fence table was truncated or lost. \
                  Restore it from a backup, or remove it only if no stale writer can still write",
                 path.display()
             )));
         }
-        let file = DbFile::open(path, CACHE_BYTES).map_err(StoreError)?;
-        let db = file.read().map_err(StoreError)?;
+        let file = DbFile::open(path, CACHE_BYTES).map_err(TableError)?;
+        let db = file.read().map_err(TableError)?;
         // Make sure the table exists and is readable now, not on first use.
         let txn = db.begin_write().map_err(store_err)?;
         txn.open_table(FENCES)
-            .map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+            .map_err(|e| TableError(format!("{}: {e}", path.display())))?;
         txn.open_table(UPLOADS)
-            .map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+            .map_err(|e| TableError(format!("{}: {e}", path.display())))?;
         txn.commit().map_err(store_err)?;
         let read = db.begin_read().map_err(store_err)?;
         let table = read.open_table(FENCES).map_err(store_err)?;
         // Walk every entry once so a damaged table is found at start-up.
         for entry in table.iter().map_err(store_err)? {
-            entry.map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+            entry.map_err(|e| TableError(format!("{}: {e}", path.display())))?;
         }
         drop(table);
         drop(read);
         drop(db);
-        Ok(RedbStore { file })
+        Ok(RedbTable { file })
     }
 
     /// Keeps the file writable after a disk error, by itself (needs a
@@ -145,9 +145,9 @@ impl RedbStore {
     /// Runs a read on the current handle.
     fn reading<T>(
         file: &DbFile,
-        f: impl FnOnce(&Database) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let db = file.read().map_err(StoreError)?;
+        f: impl FnOnce(&Database) -> Result<T, TableError>,
+    ) -> Result<T, TableError> {
+        let db = file.read().map_err(TableError)?;
         f(&db)
     }
 
@@ -156,17 +156,17 @@ impl RedbStore {
     fn writing<T>(
         file: &DbFile,
         f: impl FnOnce(&Database) -> Result<T, redb::Error>,
-    ) -> Result<T, StoreError> {
-        let db = file.write().map_err(StoreError)?;
+    ) -> Result<T, TableError> {
+        let db = file.write().map_err(TableError)?;
         f(&db).map_err(|e| {
             drop(db);
             file.failed(&e);
             metrics::counter!(m::STORE_WRITE_FAILURES, "store" => "fences").increment(1);
-            StoreError(format!("{}: {e}", file.path().display()))
+            TableError(format!("{}: {e}", file.path().display()))
         })
     }
 
-    fn get_blocking(db: &Database, resource: &str) -> Result<Option<u64>, StoreError> {
+    fn get_blocking(db: &Database, resource: &str) -> Result<Option<u64>, TableError> {
         let txn = db.begin_read().map_err(store_err)?;
         let table = txn.open_table(FENCES).map_err(store_err)?;
         Ok(table.get(resource).map_err(store_err)?.map(|v| v.value().0))
@@ -195,7 +195,7 @@ impl RedbStore {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<FenceRecord>, StoreError> {
+    ) -> Result<Vec<FenceRecord>, TableError> {
         let txn = db.begin_read().map_err(store_err)?;
         let table = txn.open_table(FENCES).map_err(store_err)?;
         let start = match after {
@@ -223,7 +223,7 @@ impl RedbStore {
     }
 }
 
-impl RedbStore {
+impl RedbTable {
     fn record_upload_blocking(db: &Database, upload: &str, token: u64) -> Result<(), redb::Error> {
         let txn = db.begin_write()?;
         {
@@ -236,7 +236,7 @@ impl RedbStore {
         Ok(txn.commit()?)
     }
 
-    fn upload_token_blocking(db: &Database, upload: &str) -> Result<Option<u64>, StoreError> {
+    fn upload_token_blocking(db: &Database, upload: &str) -> Result<Option<u64>, TableError> {
         let txn = db.begin_read().map_err(store_err)?;
         let table = txn.open_table(UPLOADS).map_err(store_err)?;
         Ok(table.get(upload).map_err(store_err)?.map(|v| v.value()))
@@ -250,22 +250,22 @@ impl RedbStore {
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
+    f: impl FnOnce() -> Result<T, TableError> + Send + 'static,
+) -> Result<T, TableError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| StoreError(format!("store task failed: {e}")))?
+        .map_err(|e| TableError(format!("store task failed: {e}")))?
 }
 
-impl FenceStore for RedbStore {
-    fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+impl FenceTable for RedbTable {
+    fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>> {
         let (file, resource) = (self.file.clone(), resource.to_string());
         Box::pin(blocking(move || {
             Self::reading(&file, |db| Self::get_blocking(db, &resource))
         }))
     }
 
-    fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, TableError>> {
         let (file, resource) = (self.file.clone(), resource.to_string());
         Box::pin(blocking(move || {
             Self::writing(&file, |db| Self::raise_blocking(db, &resource, token))
@@ -277,7 +277,7 @@ impl FenceStore for RedbStore {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, TableError>> {
         let (file, prefix) = (self.file.clone(), prefix.to_string());
         let after = after.map(str::to_string);
         Box::pin(blocking(move || {
@@ -287,21 +287,21 @@ impl FenceStore for RedbStore {
         }))
     }
 
-    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), TableError>> {
         let (file, upload) = (self.file.clone(), upload.to_string());
         Box::pin(blocking(move || {
             Self::writing(&file, |db| Self::record_upload_blocking(db, &upload, token))
         }))
     }
 
-    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>> {
         let (file, upload) = (self.file.clone(), upload.to_string());
         Box::pin(blocking(move || {
             Self::reading(&file, |db| Self::upload_token_blocking(db, &upload))
         }))
     }
 
-    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), TableError>> {
         let (file, upload) = (self.file.clone(), upload.to_string());
         Box::pin(blocking(move || {
             Self::writing(&file, |db| Self::forget_upload_blocking(db, &upload))
@@ -322,12 +322,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fences.redb");
         {
-            let s = RedbStore::open(&path).unwrap();
+            let s = RedbTable::open(&path).unwrap();
             assert_eq!(s.raise("b/k", 34).await.unwrap(), 34);
             assert_eq!(s.raise("b/k", 33).await.unwrap(), 34);
             assert_eq!(s.raise("b/j", 7).await.unwrap(), 7);
         }
-        let s = RedbStore::open(&path).unwrap();
+        let s = RedbTable::open(&path).unwrap();
         assert_eq!(s.get("b/k").await.unwrap(), Some(34));
         assert_eq!(s.get("nope").await.unwrap(), None);
         let page = s.list("b/", None, 1).await.unwrap();
@@ -343,12 +343,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fences.redb");
         {
-            let s = RedbStore::open(&path).unwrap();
+            let s = RedbTable::open(&path).unwrap();
             s.record_upload("b/k\nu1", 7).await.unwrap();
             s.record_upload("b/k\nu2", 8).await.unwrap();
             s.forget_upload("b/k\nu2").await.unwrap();
         }
-        let s = RedbStore::open(&path).unwrap();
+        let s = RedbTable::open(&path).unwrap();
         assert_eq!(s.upload_token("b/k\nu1").await.unwrap(), Some(7));
         assert_eq!(s.upload_token("b/k\nu2").await.unwrap(), None);
     }
@@ -358,7 +358,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fences.redb");
         std::fs::write(&path, b"").unwrap();
-        let e = RedbStore::open(&path)
+        let e = RedbTable::open(&path)
             .err()
             .expect("an empty store must not open");
         assert!(e.0.contains("empty"), "{e}");
@@ -370,7 +370,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fences.redb");
         std::fs::write(&path, vec![0xA5u8; 64 * 1024]).unwrap();
-        assert!(RedbStore::open(&path).is_err());
+        assert!(RedbTable::open(&path).is_err());
         // The file is still there, untouched.
         assert_eq!(std::fs::read(&path).unwrap(), vec![0xA5u8; 64 * 1024]);
     }

@@ -1,4 +1,4 @@
-//! The cluster's [`FenceStore`]: fences and open uploads in etcd, read
+//! The cluster's [`FenceTable`]: fences and open uploads in etcd, read
 //! linearizably, for the admin API, the multipart token lookups and
 //! `fencegate fences import`. An upload's token never changes once put, so
 //! each replica keeps the ones it read or put (a bounded cache): the parts
@@ -6,7 +6,7 @@
 
 use super::keys::{self, Outcome, pad, parse_fence, prefix_end};
 use super::{Cluster, call};
-use crate::fence::store::{FenceRecord, FenceStore, MAX_OPEN_UPLOADS, StoreError};
+use crate::fence::table::{FenceRecord, FenceTable, MAX_OPEN_UPLOADS, TableError};
 use etcd_client::GetOptions;
 use futures_util::future::BoxFuture;
 
@@ -15,8 +15,8 @@ fn far_deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + std::time::Duration::from_secs(60)
 }
 
-fn store_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
+fn store_err(e: impl std::fmt::Display) -> TableError {
+    TableError(e.to_string())
 }
 
 /// Upload tokens a replica keeps; past this many it forgets them all.
@@ -32,7 +32,7 @@ impl Cluster {
 
     /// A linearizable read, tried up to three times: a member that just
     /// went away fails the requests already routed to it.
-    pub(super) async fn get_value(&self, key: String) -> Result<Option<Vec<u8>>, StoreError> {
+    pub(super) async fn get_value(&self, key: String) -> Result<Option<Vec<u8>>, TableError> {
         let mut last = None;
         for attempt in 0..3 {
             if attempt > 0 {
@@ -48,8 +48,8 @@ impl Cluster {
     }
 }
 
-impl FenceStore for Cluster {
-    fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+impl FenceTable for Cluster {
+    fn get(&self, resource: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>> {
         let key = self.keys.fence(resource);
         Box::pin(async move {
             let v = self.get_value(key).await?;
@@ -57,7 +57,7 @@ impl FenceStore for Cluster {
         })
     }
 
-    fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, TableError>> {
         let resource = resource.to_string();
         Box::pin(async move {
             match self
@@ -76,7 +76,7 @@ impl FenceStore for Cluster {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<FenceRecord>, TableError>> {
         let first = self.keys.fence(prefix);
         let start = match after {
             // The first key after `after`.
@@ -96,7 +96,7 @@ impl FenceStore for Cluster {
                 .iter()
                 .map(|kv| {
                     let bad = || {
-                        StoreError(format!(
+                        TableError(format!(
                             "etcd key {:?} is not a fence fencegate wrote",
                             String::from_utf8_lossy(kv.key())
                         ))
@@ -113,7 +113,7 @@ impl FenceStore for Cluster {
         })
     }
 
-    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn record_upload(&self, upload: &str, token: u64) -> BoxFuture<'_, Result<(), TableError>> {
         let key = self.keys.upload(upload);
         let all = self.keys.uploads();
         let upload = upload.to_string();
@@ -137,7 +137,7 @@ impl FenceStore for Cluster {
         })
     }
 
-    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+    fn upload_token(&self, upload: &str) -> BoxFuture<'_, Result<Option<u64>, TableError>> {
         let key = self.keys.upload(upload);
         let upload = upload.to_string();
         Box::pin(async move {
@@ -153,7 +153,7 @@ impl FenceStore for Cluster {
         })
     }
 
-    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn forget_upload(&self, upload: &str) -> BoxFuture<'_, Result<(), TableError>> {
         self.upload_tokens.remove(upload);
         let key = self.keys.upload(upload);
         Box::pin(async move {

@@ -1,0 +1,193 @@
+//! Phase 6 of a request (`Proxy::process`), the route: where the request
+//! is served. Here, admitted by the fence (`fence.rs`); or, in cluster
+//! mode with owners, by the replica that owns its resource, the request
+//! sent there (`to_owner.rs`) and its answer passed back; or, by a replica
+//! cut off from etcd, by a peer it relays the request to. An owner that
+//! cannot be reached, or answers `Moved`, is tried again until the
+//! resource is taken here (its owner gone) or the wait runs out; a client
+//! request is sent at most [`MAX_SENDS`] times.
+
+use super::to_owner::{ClientBody, Sent};
+use super::{Fenced, Proxy, RequestCtx};
+use crate::body::ProxyBody;
+use crate::fence::gate::Mode;
+use crate::s3::error::S3Error;
+use crate::s3::op::Operation;
+use crate::upstream::client::UpstreamBody;
+use bytes::Bytes;
+use http::Response;
+use http::request::Parts;
+use hyper::body::Incoming;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The largest body a forwarder reads whole, so that it can send the
+/// request again when its owner moved (a few writes in flight at an
+/// ownership change: memory stays small).
+pub const REPLAYABLE: u64 = 256 * 1024;
+
+/// The client's request body: streaming, or read whole by a forwarder.
+pub(super) enum RequestBody {
+    Streaming(Incoming),
+    Whole(Bytes),
+}
+
+impl RequestBody {
+    /// Its bytes as they come, with `idle` the longest wait for the next.
+    pub(super) fn stream(self, idle: Duration) -> crate::s3::chunked::ByteStream {
+        match self {
+            RequestBody::Streaming(b) => crate::s3::body::incoming(b, idle),
+            RequestBody::Whole(b) => crate::s3::body::whole(b),
+        }
+    }
+}
+
+/// Where a request is served, decided in phase 6.
+pub(super) enum Route {
+    /// Here: admitted (or not fenced), the client's body still to send.
+    Here(Fenced, RequestBody),
+    /// By the resource's owner, another replica, which answered.
+    Owner(Response<ProxyBody>),
+}
+
+/// The most times one client request is sent to owners; past it the
+/// client gets `503 SlowDown` (nothing was done) and retries. Each send is
+/// to another owner or epoch (a `Moved` one is never sent to again), so
+/// this is reached only while ownership moves quickly.
+pub const MAX_SENDS: u32 = 3;
+
+/// The first wait after an owner said `Moved` and etcd still names it at
+/// that epoch (a restarted replica's old incarnation, an owner cut off from
+/// etcd): doubled each time, up to [`MOVED_WAIT_MAX`], until the owner key
+/// changes or the admission wait runs out.
+const MOVED_WAIT: Duration = Duration::from_millis(50);
+const MOVED_WAIT_MAX: Duration = Duration::from_secs(1);
+
+impl ClientBody for RequestBody {
+    fn upstream(self) -> UpstreamBody {
+        match self {
+            RequestBody::Streaming(b) => b.upstream(),
+            RequestBody::Whole(b) => b.upstream(),
+        }
+    }
+
+    fn replay(&self) -> Option<Self> {
+        match self {
+            RequestBody::Streaming(_) => None,
+            RequestBody::Whole(b) => Some(RequestBody::Whole(b.clone())),
+        }
+    }
+}
+
+impl Proxy {
+    /// Phase 6, the route: the admission here, or, for a resource another
+    /// replica owns, the owner's answer. An owner that cannot be reached
+    /// is tried again (`to_owner`) until the resource is taken here (its
+    /// owner gone) or the wait runs out.
+    pub(super) async fn route(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &Parts,
+        body: Incoming,
+        op: &Operation,
+        unconditional: bool,
+    ) -> Result<Route, S3Error> {
+        let mut fenced = match self.fence(ctx, op, ctx.token, unconditional).await {
+            Ok(fenced) => fenced,
+            Err(e) => {
+                let Some(peer) = self.relay_to(ctx, &e) else {
+                    return Err(e);
+                };
+                return Box::pin(self.relay(ctx, head, body, peer, e))
+                    .await
+                    .map(Route::Owner);
+            }
+        };
+        if fenced.owner.is_none() {
+            return Ok(Route::Here(fenced, RequestBody::Streaming(body)));
+        }
+        // Boxed: the forwarding is a future of several KB that a request
+        // served here never needs.
+        Box::pin(async move {
+            let deadline = Instant::now() + self.gate.wait_bound();
+            let mut body = self.replayable(head, body).await?;
+            // The owner (and epoch) that answered `Moved`: not sent to
+            // again until etcd names another owner or epoch.
+            let mut moved_at: Option<(String, i64)> = None;
+            let mut wait = MOVED_WAIT;
+            while let Some(owner) = fenced.owner.take() {
+                let resource = ctx.resource.clone().unwrap_or_default();
+                if moved_at.as_ref() == Some(&owner) {
+                    if Instant::now() + wait >= deadline {
+                        return Err(still_moved(&resource, &owner.0));
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MOVED_WAIT_MAX);
+                    self.gate.forget_owner(&resource);
+                } else if ctx.forward_sends >= MAX_SENDS {
+                    return Err(S3Error::SlowDown(format!(
+                        "the owner of {resource} moved {MAX_SENDS} times while this request \
+                         was forwarded; nothing was done"
+                    )));
+                } else {
+                    match self
+                        .to_owner(ctx, head, body, owner.clone(), deadline)
+                        .await?
+                    {
+                        Sent::Answered(resp) => return Ok(Route::Owner(resp)),
+                        Sent::Unreached(b) => body = b,
+                        Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
+                    }
+                }
+                fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
+            }
+            Ok(Route::Here(fenced, body))
+        })
+        .await
+    }
+
+    /// The body of a request to forward: read whole when it is small
+    /// enough to send again ([`REPLAYABLE`]), else streamed.
+    async fn replayable(&self, head: &Parts, body: Incoming) -> Result<RequestBody, S3Error> {
+        let len = head
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if len.is_none_or(|n| n > REPLAYABLE) {
+            return Ok(RequestBody::Streaming(body));
+        }
+        let mut read = bytes::BytesMut::new();
+        let mut pieces = crate::s3::body::incoming(body, self.body_idle);
+        while let Some(piece) = futures_util::StreamExt::next(&mut pieces).await {
+            read.extend_from_slice(&piece?);
+            if read.len() as u64 > REPLAYABLE {
+                return Err(S3Error::IncompleteBody);
+            }
+        }
+        Ok(RequestBody::Whole(read.freeze()))
+    }
+
+    /// Where a request this replica cannot admit goes instead: to a peer,
+    /// when this replica is cut off from etcd (its lease not fresh) and
+    /// the request came from a client, not from another replica.
+    fn relay_to(&self, ctx: &RequestCtx, e: &S3Error) -> Option<String> {
+        let Mode::Owners(c) = self.gate.mode() else {
+            return None;
+        };
+        let from_client = ctx.forwarded.is_none() && !ctx.relayed;
+        let unavailable = matches!(e, S3Error::ServiceUnavailable(_));
+        if !from_client || !unavailable || c.not_ready().is_none() {
+            return None;
+        }
+        c.some_peer()
+    }
+}
+
+/// The answer to a request whose owner said it moved, while etcd still
+/// names that owner at that epoch when the admission wait runs out.
+fn still_moved(resource: &str, owner: &str) -> S3Error {
+    S3Error::SlowDown(format!(
+        "replica {owner} no longer admits {resource}, and its ownership has not ended \
+         yet (its lease still runs); nothing was done"
+    ))
+}
