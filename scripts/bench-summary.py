@@ -1,16 +1,29 @@
 #!/usr/bin/env python3
-"""The table BENCHMARKS.md opens with, made from a scripts/bench-store run.
+"""The tables BENCHMARKS.md opens with, made from the results files.
 
     scripts/bench-summary.py [RESULTS.jsonl]     # default docs/bench-store-reads-results.jsonl
+    scripts/bench-summary.py --ratios            # the fencegate/nginx table
     scripts/bench-summary.py --check BENCHMARKS.md
 
-Prints the markdown table: per setup (the default, fencegate on its
+The fencegate/nginx table (between `<!-- ratios:begin -->` and
+`<!-- ratios:end -->`): fencegate's throughput and CPU per request each
+divided by nginx's in the same run, from three results files: reads on the
+embedded store beside nginx serving the file (scripts/bench-store,
+docs/bench-store-reads-results.jsonl, pooled as below); PUTs in front of
+Garage beside nginx proxying to it (scripts/bench, docs/bench-results.jsonl,
+pooled as scripts/bench-report.py does); and the proxy alone in front of the
+sink beside nginx proxying to it (scripts/bench-wrk,
+docs/bench-wrk-sink-results.jsonl and, for LIST,
+docs/bench-wrk-list-results.jsonl, pooled as scripts/bench-wrk does).
+
+The summary table (the default RESULTS): per setup (the default, fencegate on its
 embedded store; fencegate in front of Garage), op and concurrency, the
 throughput, p50 and p99 and CPU per request, each beside the store alone in
 the same run. With --check, exits 1 when the table between the markers
 `<!-- summary:begin -->` and `<!-- summary:end -->` in the given file is not
-the one the results make (scripts/check-links runs it): the figures in the
-opening screen are always the ones the results file holds.
+the one the results make, and likewise for the ratios block (scripts/check-links
+runs it): the figures in the opening screen are always the ones the results
+files hold.
 """
 import json
 import statistics
@@ -19,6 +32,10 @@ from collections import defaultdict
 
 RESULTS = "docs/bench-store-reads-results.jsonl"
 BEGIN, END = "<!-- summary:begin -->", "<!-- summary:end -->"
+RATIOS_BEGIN, RATIOS_END = "<!-- ratios:begin -->", "<!-- ratios:end -->"
+BENCH = "docs/bench-results.jsonl"
+WRK = "docs/bench-wrk-sink-results.jsonl"
+WRK_LIST = "docs/bench-wrk-list-results.jsonl"
 
 # (setup, store measured, store alone it is set beside)
 SETUPS = [
@@ -76,20 +93,105 @@ def table(path):
     return "\n".join(out)
 
 
+def wrk_pooled(path, form, proxy):
+    """scripts/bench-wrk's pooling: req/s the mean of the rounds', CPU per
+    request weighted by each round's requests."""
+    rs = [r for r in map(json.loads, open(path))
+          if r.get("kind") == "wrk" and r["form"] == form and r["path"] == proxy]
+    if not rs:
+        return None
+    n = sum(r["requests"] for r in rs)
+    return {"rps": sum(r["rps"] for r in rs) / len(rs),
+            "cpu": sum(r["cpu_us_per_req"] * r["requests"] for r in rs) / n}
+
+
+def bench_pooled(path, backend, size, c, proxy):
+    """scripts/bench-report.py's pooling: req/s all successful requests over
+    all the time, CPU per request weighted by each round's requests."""
+    rs = [r for r in map(json.loads, open(path))
+          if r.get("kind") == "load" and r["backend"] == backend and r["size_name"] == size
+          and r["concurrency"] == c and r["path"] == proxy]
+    if not rs:
+        return None
+    w = [(r["proxy_cpu_us_per_req"], r["ok"] + r["errors"]) for r in rs]
+    return {"rps": sum(r["ok"] for r in rs) / sum(r["elapsed_s"] for r in rs),
+            "cpu": sum(c_ * n for c_, n in w) / sum(n for _, n in w)}
+
+
+def rate(v):
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def micros(v):
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.1f}"
+
+
+def ratios(store_results=RESULTS):
+    """fencegate against nginx, in the same run, from the three results files."""
+    rows = []
+    by = defaultdict(list)
+    for line in open(store_results):
+        r = json.loads(line)
+        if "phase" in r.get("tags", {}) or r.get("size_name") != "4KiB":
+            continue
+        by[(r["op"], r["concurrency"], r["store"])].append(r)
+    for op in ("get", "head"):
+        for c in (1, 32):
+            f, n = by.get((op, c, "fencegate")), by.get((op, c, "nginx-static"))
+            if f and n:
+                rows.append(("default: its embedded store",
+                             f"{op.upper()} 4 KiB", c, pooled(f), pooled(n), "A"))
+    for size in ("4KiB", "256MiB"):
+        for c in (1, 32):
+            f, n = (bench_pooled(BENCH, "garage", size, c, p) for p in ("fencegate", "nginx"))
+            if f and n:
+                rows.append(("in front of Garage",
+                             f"PUT {size[:-3]} {size[-3:]}", c, f, n, "B"))
+    for path, form, what in ((WRK, "presigned", "PUT 4 KiB, presigned"),
+                             (WRK, "sha256", "PUT 4 KiB, header-signed"),
+                             (WRK, "get", "GET 4 KiB"),
+                             (WRK_LIST, "list", "LIST, empty")):
+        f, n = wrk_pooled(path, form, "fencegate"), wrk_pooled(path, form, "nginx")
+        if f and n:
+            rows.append(("in front of the sink",
+                         what, 32, f, n, "C"))
+    out = [
+        "| setup | op | c | req/s: fencegate ÷ nginx | CPU µs/req: fencegate ÷ nginx | run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for setup, op, c, f, n, run in rows:
+        out.append(
+            f"| {setup} | {op} | {c} | **{f['rps'] / n['rps']:.2f}** "
+            f"({rate(f['rps'])} ÷ {rate(n['rps'])}) | **{f['cpu'] / n['cpu']:.2f}** "
+            f"({micros(f['cpu'])} ÷ {micros(n['cpu'])}) | {run} |"
+        )
+    return "\n".join(out)
+
+
+def check_block(path, text, begin, end, made, what):
+    if begin not in text or end not in text:
+        print(f"{path}: no {begin} ... {end} block")
+        return False
+    shown = text.split(begin, 1)[1].split(end, 1)[0].strip()
+    if shown != made:
+        print(f"{path}: the {what} is not the one its results make; "
+              f"rerun scripts/bench-summary.py and paste it:\n{made}")
+        return False
+    print(f"ok {path} {what} matches its results")
+    return True
+
+
 def main():
     args = sys.argv[1:]
     if args[:1] == ["--check"]:
         text = open(args[1]).read()
-        if BEGIN not in text or END not in text:
-            print(f"{args[1]}: no {BEGIN} ... {END} block")
-            return 1
-        shown = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-        made = table(args[2] if len(args) > 2 else RESULTS)
-        if shown != made:
-            print(f"{args[1]}: the summary table is not the one {RESULTS} makes; "
-                  f"rerun scripts/bench-summary.py and paste it:\n{made}")
-            return 1
-        print(f"ok {args[1]} summary table matches {RESULTS}")
+        results = args[2] if len(args) > 2 else RESULTS
+        ok = check_block(args[1], text, BEGIN, END, table(results), "summary table")
+        ok &= check_block(args[1], text, RATIOS_BEGIN, RATIOS_END, ratios(results),
+                          "fencegate/nginx table")
+        return 0 if ok else 1
+    if args[:1] == ["--ratios"]:
+        print(ratios())
         return 0
     print(table(args[0] if args else RESULTS))
     return 0
