@@ -99,8 +99,10 @@
 //!   (`blobs.rs`), the group commit where every change and its conditions
 //!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
 //!   `objects.rs`, `read.rs`, `delete.rs`, `copy.rs`, `multipart.rs`,
-//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `digests.rs` is a
-//!   body's MD5 and checksums, checked against what its request declared;
+//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `save.rs` is the one
+//!   path of a body into a blob (PutObject's, UploadPart's,
+//!   UploadPartCopy's), hashed as `digests.rs` says and checked against
+//!   what its request declared;
 //!   `conditions.rs` a write's `If-None-Match` / `If-Match`; `checksums.rs`
 //!   a multipart object's checksums; `import.rs` brings in an s3s-fs data
 //!   directory.
