@@ -86,9 +86,13 @@
 //!
 //! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`,
 //!   or in-process to the embedded store; [`upstream::pool`]: the kept
-//!   connections to the backend.
+//!   connections to the backend, and the body sent on them.
 //! - [`upstream::embedded`]: the embedded store called in-process, the
 //!   default backend (and served alone on a socket for `bench store`).
+//! - [`upstream::target`] (a leaf): where and as whom fencegate reaches the
+//!   backend. Within `upstream` the files depend one way: `probe` on
+//!   `client`, `client` on `embedded`, `pool` and `target`, `embedded` on
+//!   `target`.
 //! - [`upstream::probe`]: whether the backend honours conditional writes
 //!   itself (shown on `/readyz`).
 //!
