@@ -126,9 +126,13 @@
 //!
 //! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`,
 //!   or in-process to the embedded store; [`upstream::pool`]: the kept
-//!   connections to the backend.
+//!   connections to the backend, and the body sent on them.
 //! - [`upstream::embedded`]: the embedded store called in-process, the
 //!   default backend (and served alone on a socket for `bench store`).
+//! - [`upstream::target`] (a leaf): where and as whom fencegate reaches the
+//!   backend. Within `upstream` the files depend one way: `probe` on
+//!   `client`, `client` on `embedded`, `pool` and `target`, `embedded` on
+//!   `target`.
 //! - [`upstream::probe`]: whether the backend honours conditional writes
 //!   itself (shown on `/readyz`).
 //!
@@ -139,8 +143,10 @@
 //!   (`blobs.rs`), the group commit where every change and its conditions
 //!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
 //!   `objects.rs`, `read.rs`, `delete.rs`, `copy.rs`, `multipart.rs`,
-//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `digests.rs` is a
-//!   body's MD5 and checksums, checked against what its request declared;
+//!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `save.rs` is the one
+//!   path of a body into a blob (PutObject's, UploadPart's,
+//!   UploadPartCopy's), hashed as `digests.rs` says and checked against
+//!   what its request declared;
 //!   `conditions.rs` a write's `If-None-Match` / `If-Match`; `checksums.rs`
 //!   a multipart object's checksums; `import.rs` brings in an s3s-fs data
 //!   directory.

@@ -24,8 +24,7 @@
 use crate::body::ProxyBody;
 use crate::fence::gate::{Gate, Predecessors};
 use crate::s3::error::S3Error;
-use crate::upstream::client::UpstreamBody;
-use crate::upstream::pool::Pool;
+use crate::upstream::pool::{Pool, UpstreamBody};
 use dashmap::DashMap;
 use futures_util::future::BoxFuture;
 use http::{HeaderValue, Request, Response};

@@ -13,7 +13,7 @@ use crate::body::ProxyBody;
 use crate::fence::gate::Mode;
 use crate::s3::error::S3Error;
 use crate::s3::op::Operation;
-use crate::upstream::client::UpstreamBody;
+use crate::upstream::pool::UpstreamBody;
 use bytes::Bytes;
 use http::Response;
 use http::request::Parts;

@@ -36,7 +36,7 @@ use crate::fence::gate::Mode;
 use crate::fence::hold::Holder;
 use crate::metric_names as m;
 use crate::s3::error::{MOVED, S3Error};
-use crate::upstream::client::UpstreamBody;
+use crate::upstream::pool::UpstreamBody;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};

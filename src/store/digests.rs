@@ -2,9 +2,9 @@
 //! `x-amz-checksum-*` checksums, computed as the body streams into its
 //! blob, and the check of them against what the request declared, in its
 //! headers or in its aws-chunked trailers. PutObject and UploadPart use
-//! them (UploadPartCopy hashes with its upload's algorithm, and declares
-//! nothing); a body that does not match is `400 BadDigest`, and its blob
-//! is never committed.
+//! them through `save.rs` (UploadPartCopy hashes with its upload's
+//! algorithm, and declares nothing); a body that does not match is `400
+//! BadDigest`, and its blob is never committed.
 
 use super::index::{Checksums, checksums_in};
 use s3s::crypto::Checksum as _;

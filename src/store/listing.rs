@@ -147,7 +147,7 @@ pub(super) fn list_keys<T>(
 
 /// `encoding-type=url`: keys and prefixes percent-encoded (all but the
 /// unreserved characters and `/`), as S3 sends them.
-fn encoder(encoding: Option<&EncodingType>) -> impl Fn(&str) -> String {
+fn encoder(encoding: Option<&EncodingType>) -> impl Fn(&str) -> String + use<> {
     let url = encoding.is_some_and(|e| e.as_str() == EncodingType::URL);
     move |s: &str| {
         if !url {
@@ -220,31 +220,57 @@ fn record(_: &str, v: &[u8]) -> S3Result<ObjectRecord> {
     decode(v).map_err(internal)
 }
 
+/// The delimiter as an answer gives it back: encoded, and none when empty.
+fn delimiter_shown(delimiter: Option<&str>, enc: &impl Fn(&str) -> String) -> Option<String> {
+    delimiter.filter(|d| !d.is_empty()).map(enc)
+}
+
+/// A page as the three object listings show it: objects and common
+/// prefixes, encoded, and the last entry (as it is) for the next marker.
+struct Listed {
+    objects: Vec<Object>,
+    prefixes: Vec<CommonPrefix>,
+    last: Option<String>,
+    truncated: bool,
+}
+
 impl Store {
-    /// A page of `bucket`'s objects (see [`list_keys`]).
-    async fn page(
+    /// What the three object listings share: a page of `bucket`'s objects
+    /// under `prefix` after `after` (see [`list_keys`]), split into
+    /// objects and common prefixes encoded with `enc`.
+    async fn list_page(
         &self,
-        bucket: String,
-        prefix: String,
-        delimiter: Option<String>,
+        bucket: &str,
+        (prefix, delimiter): (Option<&str>, Option<&str>),
         after: Option<String>,
         max: usize,
-    ) -> S3Result<Page<ObjectRecord>> {
-        self.read(move |txn: &ReadTransaction| {
-            let buckets = txn.open_table(BUCKETS).map_err(internal)?;
-            bucket_exists(&buckets, &bucket).map_err(internal)??;
-            let t = txn.open_table(OBJECTS).map_err(internal)?;
-            list_keys(
-                &t,
-                &bucket,
-                &prefix,
-                delimiter.as_deref(),
-                after.as_deref(),
-                max,
-                record,
-            )
+        enc: &impl Fn(&str) -> String,
+    ) -> S3Result<Listed> {
+        let (bucket, prefix) = (bucket.to_string(), prefix.unwrap_or_default().to_string());
+        let delimiter = delimiter.map(str::to_string);
+        let page = self
+            .read(move |txn: &ReadTransaction| {
+                let buckets = txn.open_table(BUCKETS).map_err(internal)?;
+                bucket_exists(&buckets, &bucket).map_err(internal)??;
+                let t = txn.open_table(OBJECTS).map_err(internal)?;
+                list_keys(
+                    &t,
+                    &bucket,
+                    &prefix,
+                    delimiter.as_deref(),
+                    after.as_deref(),
+                    max,
+                    record,
+                )
+            })
+            .await?;
+        let (objects, prefixes, last) = split(page.entries, enc);
+        Ok(Listed {
+            objects,
+            prefixes,
+            last,
+            truncated: page.truncated,
         })
-        .await
     }
 
     pub(super) async fn list_objects_v2(
@@ -268,30 +294,26 @@ impl Store {
             None => None,
         };
         let after = token.or_else(|| i.start_after.clone());
-        let prefix = i.prefix.clone().unwrap_or_default();
-        let page = self
-            .page(i.bucket.clone(), prefix, i.delimiter.clone(), after, max)
-            .await?;
-        let encoding = i.encoding_type.clone();
-        let enc = encoder(encoding.as_ref());
-        let truncated = page.truncated;
-        let (mut contents, prefixes, last) = split(page.entries, &enc);
+        let enc = encoder(i.encoding_type.as_ref());
+        let asked = (i.prefix.as_deref(), i.delimiter.as_deref());
+        let mut page = self.list_page(&i.bucket, asked, after, max, &enc).await?;
         if i.fetch_owner == Some(true) {
-            contents.iter_mut().for_each(|o| o.owner = Some(owner()));
+            (page.objects.iter_mut()).for_each(|o| o.owner = Some(owner()));
         }
+        let truncated = page.truncated;
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(i.bucket),
             prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
+            delimiter: delimiter_shown(i.delimiter.as_deref(), &enc),
             start_after: i.start_after.as_deref().map(&enc),
             max_keys: Some(max as i32),
-            key_count: Some((contents.len() + prefixes.len()) as i32),
+            key_count: Some((page.objects.len() + page.prefixes.len()) as i32),
             continuation_token: i.continuation_token,
-            next_continuation_token: truncated.then(|| last.map(hex::encode)).flatten(),
+            next_continuation_token: truncated.then(|| page.last.map(hex::encode)).flatten(),
             is_truncated: Some(truncated),
             encoding_type: i.encoding_type,
-            contents: Some(contents),
-            common_prefixes: Some(prefixes),
+            contents: Some(page.objects),
+            common_prefixes: Some(page.prefixes),
             ..Default::default()
         }))
     }
@@ -302,40 +324,30 @@ impl Store {
     ) -> S3Result<S3Response<ListObjectsOutput>> {
         let i = req.input;
         let max = max_keys(i.max_keys)?;
-        let prefix = i.prefix.clone().unwrap_or_default();
-        let page = self
-            .page(
-                i.bucket.clone(),
-                prefix,
-                i.delimiter.clone(),
-                i.marker.clone(),
-                max,
-            )
-            .await?;
-        let encoding = i.encoding_type.clone();
-        let enc = encoder(encoding.as_ref());
-        let truncated = page.truncated;
-        let (mut contents, prefixes, last) = split(page.entries, &enc);
+        let enc = encoder(i.encoding_type.as_ref());
+        let asked = (i.prefix.as_deref(), i.delimiter.as_deref());
+        let mut page = (self.list_page(&i.bucket, asked, i.marker.clone(), max, &enc)).await?;
         // v1 names each object's owner.
-        contents.iter_mut().for_each(|o| o.owner = Some(owner()));
+        (page.objects.iter_mut()).for_each(|o| o.owner = Some(owner()));
+        let truncated = page.truncated;
         let with_delimiter = i.delimiter.as_deref().is_some_and(|d| !d.is_empty());
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(i.bucket),
             // v1 gives the prefix as it is (clients decode the delimiter,
             // the markers and the keys only).
             prefix: i.prefix.clone(),
-            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
+            delimiter: delimiter_shown(i.delimiter.as_deref(), &enc),
             marker: Some(i.marker.as_deref().map(&enc).unwrap_or_default()),
             max_keys: Some(max as i32),
             is_truncated: Some(truncated),
             // S3 gives NextMarker only with a delimiter; without one the
             // last key is the marker.
             next_marker: (truncated && with_delimiter)
-                .then(|| last.as_deref().map(&enc))
+                .then(|| page.last.as_deref().map(&enc))
                 .flatten(),
             encoding_type: i.encoding_type,
-            contents: Some(contents),
-            common_prefixes: Some(prefixes),
+            contents: Some(page.objects),
+            common_prefixes: Some(page.prefixes),
             ..Default::default()
         }))
     }
@@ -346,22 +358,13 @@ impl Store {
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let i = req.input;
         let max = max_keys(i.max_keys)?;
-        let prefix = i.prefix.clone().unwrap_or_default();
+        let enc = encoder(i.encoding_type.as_ref());
+        let asked = (i.prefix.as_deref(), i.delimiter.as_deref());
         // One version per key: after a key marker, the next key.
-        let page = self
-            .page(
-                i.bucket.clone(),
-                prefix,
-                i.delimiter.clone(),
-                i.key_marker.clone(),
-                max,
-            )
-            .await?;
-        let encoding = i.encoding_type.clone();
-        let enc = encoder(encoding.as_ref());
+        let page = (self.list_page(&i.bucket, asked, i.key_marker.clone(), max, &enc)).await?;
         let truncated = page.truncated;
-        let (objects, prefixes, last) = split(page.entries, &enc);
-        let versions = objects
+        let versions = page
+            .objects
             .into_iter()
             .map(|o| ObjectVersion {
                 key: o.key,
@@ -379,16 +382,16 @@ impl Store {
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(i.bucket),
             prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
+            delimiter: delimiter_shown(i.delimiter.as_deref(), &enc),
             key_marker: i.key_marker.as_deref().map(&enc),
             version_id_marker: i.version_id_marker,
             max_keys: Some(max as i32),
             is_truncated: Some(truncated),
-            next_key_marker: truncated.then(|| last.as_deref().map(&enc)).flatten(),
+            next_key_marker: truncated.then(|| page.last.as_deref().map(&enc)).flatten(),
             next_version_id_marker: truncated.then(|| "null".to_string()),
             encoding_type: i.encoding_type,
             versions: Some(versions),
-            common_prefixes: Some(prefixes),
+            common_prefixes: Some(page.prefixes),
             ..Default::default()
         }))
     }
@@ -418,8 +421,7 @@ impl Store {
                 )
             })
             .await?;
-        let encoding = i.encoding_type.clone();
-        let enc = encoder(encoding.as_ref());
+        let enc = encoder(i.encoding_type.as_ref());
         let next = uploads
             .last()
             .map(|(k, id, _): &(String, String, UploadRecord)| (k.clone(), id.clone()));
@@ -437,7 +439,7 @@ impl Store {
         Ok(S3Response::new(ListMultipartUploadsOutput {
             bucket: Some(i.bucket),
             prefix: i.prefix.as_deref().map(&enc),
-            delimiter: i.delimiter.as_deref().filter(|d| !d.is_empty()).map(&enc),
+            delimiter: delimiter_shown(i.delimiter.as_deref(), &enc),
             key_marker: i.key_marker.as_deref().map(&enc),
             upload_id_marker: i.upload_id_marker,
             max_uploads: Some(max as i32),

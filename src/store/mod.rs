@@ -25,9 +25,10 @@
 //! `delete.rs` (DeleteObject, DeleteObjects), `copy.rs` (CopyObject),
 //! `multipart.rs` (with `checksums.rs`, a multipart object's checksums),
 //! `listing.rs` (every listing), `s3.rs` (the trait, one line per
-//! operation). What the writes share: `digests.rs` (a body's MD5 and
-//! checksums, checked against what its request declared) and
-//! `conditions.rs` (`If-None-Match`, `If-Match`). `import.rs` brings in a
+//! operation). What the writes share: `save.rs` (a body saved in a new
+//! blob and checked against what its request declared), `digests.rs` (a
+//! body's MD5 and checksums) and `conditions.rs` (`If-None-Match`,
+//! `If-Match`). `import.rs` brings in a
 //! data directory the earlier s3s-fs store wrote.
 
 mod acl;
@@ -46,6 +47,7 @@ mod multipart;
 mod objects;
 mod read;
 mod s3;
+mod save;
 
 use crate::redb_file::DbFile;
 use blobs::{Blobs, FreshBlob, WriteError};

@@ -10,15 +10,13 @@ use super::blobs::FreshBlob;
 use super::checksums::{check_object, check_part, composite, full_object, upload_type};
 use super::conditions::WriteConditions;
 use super::copy::{copy_source, source_conditions, source_record};
-use super::digests::{Hashes, declared_algorithms, verify};
 use super::index::{
-    BUCKETS, Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, Segment, UPLOADS, UploadRecord,
+    BUCKETS, Checksums, OBJECTS, ObjectRecord, PARTS, PartRecord, UPLOADS, UploadRecord,
     checksums_in, decode, encode, headers_in,
 };
 use super::objects::put_record;
-use super::{
-    Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp, write_error,
-};
+use super::save::{Saved, declared_in};
+use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, timestamp};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;
@@ -110,6 +108,17 @@ pub(super) fn drop_upload(
         }
     }
     Ok(unused)
+}
+
+/// The record of a part saved in a blob of its own, and the blob.
+fn part_of(saved: Saved) -> (PartRecord, FreshBlob) {
+    let part = PartRecord {
+        segment: saved.segment(),
+        etag: hex::encode(saved.md5),
+        last_modified_ms: now_ms(),
+        checksums: saved.checksums,
+    };
+    (part, saved.fresh)
 }
 
 /// The ETag of a multipart object: the MD5 of its parts' MD5s, `-N`.
@@ -204,46 +213,18 @@ impl Store {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let trailers = req.trailing_headers.clone();
         let mut input = req.input;
         let n = check_part_number(input.part_number)?;
         let upload = self
             .upload(&input.bucket, &input.key, &input.upload_id)
             .await?;
         let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
-        let declared = checksums_in!(input);
-        let mut algorithms =
-            declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
-        algorithms.extend(upload.checksum_algorithm.clone());
-        algorithms.sort();
-        algorithms.dedup();
-        let mut hashes = Hashes::new(&algorithms)?;
-        // Removed on any way out but a commit that points at it.
-        let fresh = self.blobs.fresh();
-        let size = self
-            .blobs
-            .write(fresh.id(), body, |p| hashes.update(p))
-            .await
-            .map_err(write_error)?;
-        let (md5, sums) = hashes.finish();
-        let trailers = trailers.and_then(|t| t.take());
-        verify(
-            input.content_md5.as_deref(),
-            &md5,
-            &declared,
-            trailers.as_ref(),
-            &sums,
-        )?;
-        let part = PartRecord {
-            segment: Segment {
-                blob: fresh.id(),
-                offset: 0,
-                len: size,
-            },
-            etag: hex::encode(md5),
-            last_modified_ms: now_ms(),
-            checksums: sums.clone(),
-        };
+        let declared = declared_in!(req, input);
+        // Hashed with the upload's algorithm too, for the object's checksum.
+        let also = upload.checksum_algorithm;
+        let saved = self.save_body(body, Some(declared), also).await?;
+        let (part, fresh) = part_of(saved);
+        let sums = part.checksums.clone();
         let etag = part.etag.clone();
         let upload = (input.bucket, input.key, input.upload_id);
         self.commit_part(upload, n, part, fresh).await?;
@@ -282,28 +263,12 @@ impl Store {
         };
         // The bytes are copied into a blob of the part's own: its ETag is
         // their MD5, as S3 gives it.
-        let algorithms: Vec<String> = upload.checksum_algorithm.into_iter().collect();
-        let mut hashes = Hashes::new(&algorithms)?;
         let reading = self.blobs.hold_for_read(src.blobs().collect());
         let bytes = self.blobs.read(src.spans(), range.start, range.end);
-        let fresh = self.blobs.fresh();
-        let size = self
-            .blobs
-            .write(fresh.id(), bytes, |p| hashes.update(p))
-            .await
-            .map_err(write_error)?;
+        let also = upload.checksum_algorithm;
+        let saved = self.save_body(bytes, None, also).await?;
         drop(reading);
-        let (md5, sums) = hashes.finish();
-        let part = PartRecord {
-            segment: Segment {
-                blob: fresh.id(),
-                offset: 0,
-                len: size,
-            },
-            etag: hex::encode(md5),
-            last_modified_ms: now_ms(),
-            checksums: sums,
-        };
+        let (part, fresh) = part_of(saved);
         let (etag, modified) = (part.etag.clone(), part.last_modified_ms);
         let upload = (input.bucket, input.key, input.upload_id);
         self.commit_part(upload, n, part, fresh).await?;

@@ -1,8 +1,8 @@
 //! Objects: PutObject, and the object record every write of one commits
 //! and every read of one starts from.
 //!
-//! A PUT streams its body into a new blob, checks the digests the request
-//! declared (`digests.rs`), and only then commits the record. `put_record`
+//! A PUT saves its body in a new blob, checked against the digests the
+//! request declared (`save.rs`), and only then commits the record. `put_record`
 //! is the step that puts a record, a PUT's, a copy's (`copy.rs`) or a
 //! completed upload's (`multipart.rs`): it checks that the bucket still
 //! exists and that the request's conditions hold (`conditions.rs`), puts
@@ -11,11 +11,9 @@
 
 use super::blobs::FreshBlob;
 use super::conditions::WriteConditions;
-use super::digests::{Hashes, declared_algorithms, verify};
-use super::index::{
-    BUCKETS, OBJECTS, ObjectRecord, Segment, checksums_in, decode, encode, headers_in,
-};
-use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms, write_error};
+use super::index::{BUCKETS, OBJECTS, ObjectRecord, decode, encode, headers_in};
+use super::save::declared_in;
+use super::{Store, blob_ref, blob_unref, bucket_exists, check_key, internal, now_ms};
 use redb::{ReadableTable, WriteTransaction};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
@@ -68,44 +66,21 @@ impl Store {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let trailers = req.trailing_headers.clone();
         let mut input = req.input;
         check_key(&input.key)?;
         let bucket = input.bucket.clone();
         self.bucket_must_exist(bucket).await?;
         let body = input.body.take().ok_or_else(|| s3_error!(IncompleteBody))?;
-        let declared = checksums_in!(input);
-        let algorithms =
-            declared_algorithms(input.checksum_algorithm.as_ref(), &declared, &req.headers);
-        let mut hashes = Hashes::new(&algorithms)?;
-        // Removed on any way out but a commit that points at it.
-        let fresh = self.blobs.fresh();
-        let size = self
-            .blobs
-            .write(fresh.id(), body, |p| hashes.update(p))
-            .await
-            .map_err(write_error)?;
-        let (md5, mut sums) = hashes.finish();
-        let trailers = trailers.and_then(|t| t.take());
-        verify(
-            input.content_md5.as_deref(),
-            &md5,
-            &declared,
-            trailers.as_ref(),
-            &sums,
-        )?;
-        sums.kind = Some(ChecksumType::FULL_OBJECT.to_string());
+        let declared = declared_in!(req, input);
+        let mut saved = self.save_body(body, Some(declared), None).await?;
+        saved.checksums.kind = Some(ChecksumType::FULL_OBJECT.to_string());
         let record = ObjectRecord {
-            segments: vec![Segment {
-                blob: fresh.id(),
-                offset: 0,
-                len: size,
-            }],
-            size,
-            etag: hex::encode(md5),
+            segments: vec![saved.segment()],
+            size: saved.size,
+            etag: hex::encode(saved.md5),
             last_modified_ms: now_ms(),
             headers: headers_in!(input),
-            checksums: sums,
+            checksums: saved.checksums,
             parts: Vec::new(),
             upload_id: None,
         };
@@ -114,7 +89,7 @@ impl Store {
             if_none_match: input.if_none_match,
         };
         let stored = self
-            .store_record(input.bucket, input.key, record, cond, fresh)
+            .store_record(input.bucket, input.key, record, cond, saved.fresh)
             .await?;
         let c = &stored.checksums;
         Ok(S3Response::new(PutObjectOutput {

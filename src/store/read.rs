@@ -87,6 +87,9 @@ struct Selected {
     record: ObjectRecord,
     bytes: Bytes,
     read: Option<bytes::Bytes>,
+    /// The object's checksums go with the answer: all of it was read, and
+    /// the request asked for them (`x-amz-checksum-mode: ENABLED`).
+    checksums: bool,
 }
 
 impl Selected {
@@ -104,26 +107,58 @@ impl Selected {
     }
 }
 
+/// What a GET and a HEAD ask alike: the object, the conditions, the
+/// bytes, and whether the checksums may go with them.
+struct Asked {
+    bucket: String,
+    key: String,
+    version: Option<String>,
+    conditions: ReadConditions,
+    range: Option<Range>,
+    part: Option<i32>,
+    checksum_mode: Option<ChecksumMode>,
+}
+
+/// `Asked` out of GetObject's and HeadObject's inputs, whose fields are
+/// named alike.
+macro_rules! asked_from {
+    ($($input:ty),*) => {$(
+        impl From<$input> for Asked {
+            fn from(i: $input) -> Asked {
+                Asked {
+                    bucket: i.bucket,
+                    key: i.key,
+                    version: i.version_id,
+                    conditions: ReadConditions {
+                        if_match: i.if_match,
+                        if_none_match: i.if_none_match,
+                        if_modified_since: i.if_modified_since,
+                        if_unmodified_since: i.if_unmodified_since,
+                    },
+                    range: i.range,
+                    part: i.part_number,
+                    checksum_mode: i.checksum_mode,
+                }
+            }
+        }
+    )*};
+}
+asked_from!(GetObjectInput, HeadObjectInput);
+
 impl Store {
     /// The one way GET and HEAD pick what they read: the version (only
     /// `null`), the object, its conditions, the range or part; with `read`,
     /// the bytes too when they are few (`READ_WITH_RECORD`).
-    async fn select(
-        &self,
-        (bucket, key, version): (&str, &str, Option<&str>),
-        conditions: ReadConditions,
-        range: Option<Range>,
-        part: Option<i32>,
-        read: bool,
-    ) -> S3Result<Selected> {
-        check_version(version)?;
-        let (bucket, key) = (bucket.to_string(), key.to_string());
+    async fn select(&self, asked: Asked, read: bool) -> S3Result<Selected> {
+        check_version(asked.version.as_deref())?;
+        let checksums_wanted = checksum_wanted(asked.checksum_mode.as_ref());
         let blobs = self.blobs.clone();
         self.read(move |txn| {
-            let record = object_in(txn, &bucket, &key)?;
+            let record = object_in(txn, &asked.bucket, &asked.key)?;
             let modified = timestamp(record.last_modified_ms);
-            conditions.check(Some(&ETag::Strong(record.etag.clone())), Some(&modified))?;
-            let bytes = byte_range(&record, range.as_ref(), part)?;
+            let etag = ETag::Strong(record.etag.clone());
+            asked.conditions.check(Some(&etag), Some(&modified))?;
+            let bytes = byte_range(&record, asked.range.as_ref(), asked.part)?;
             let (start, end) = (bytes.range.start, bytes.range.end);
             let read = match read && end - start <= READ_WITH_RECORD {
                 // Held while read, as a streamed read holds its blobs.
@@ -138,6 +173,7 @@ impl Store {
                 false => None,
             };
             Ok(Selected {
+                checksums: bytes.checksums && checksums_wanted,
                 record,
                 bytes,
                 read,
@@ -150,22 +186,7 @@ impl Store {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let input = req.input;
-        let conditions = ReadConditions {
-            if_match: input.if_match,
-            if_none_match: input.if_none_match,
-            if_modified_since: input.if_modified_since,
-            if_unmodified_since: input.if_unmodified_since,
-        };
-        let sel = self
-            .select(
-                (&input.bucket, &input.key, input.version_id.as_deref()),
-                conditions,
-                input.range,
-                input.part_number,
-                true,
-            )
-            .await?;
+        let sel = self.select(req.input.into(), true).await?;
         let record = &sel.record;
         let body = match &sel.read {
             Some(read) => StreamingBlob::from(s3s::Body::from(read.clone())),
@@ -186,11 +207,7 @@ impl Store {
             accept_ranges: Some("bytes".into()),
             ..Default::default()
         };
-        describe(
-            record,
-            &mut out,
-            sel.bytes.checksums && checksum_wanted(input.checksum_mode.as_ref()),
-        );
+        describe(record, &mut out, sel.checksums);
         Ok(S3Response::new(out))
     }
 
@@ -198,28 +215,9 @@ impl Store {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let input = req.input;
-        let conditions = ReadConditions {
-            if_match: input.if_match,
-            if_none_match: input.if_none_match,
-            if_modified_since: input.if_modified_since,
-            if_unmodified_since: input.if_unmodified_since,
-        };
-        let sel = self
-            .select(
-                (&input.bucket, &input.key, input.version_id.as_deref()),
-                conditions,
-                input.range,
-                input.part_number,
-                false,
-            )
-            .await?;
+        let sel = self.select(req.input.into(), false).await?;
         let mut got = GetObjectOutput::default();
-        describe(
-            &sel.record,
-            &mut got,
-            sel.bytes.checksums && checksum_wanted(input.checksum_mode.as_ref()),
-        );
+        describe(&sel.record, &mut got, sel.checksums);
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(sel.content_length()),
             content_range: sel.content_range(),

@@ -5,7 +5,8 @@
 //! (`upstream::embedded`), with the same request and no signature.
 
 use super::embedded::{InProcess, Trusted};
-use super::pool::Pool;
+use super::pool::{Pool, UpstreamBody};
+use super::target::BackendTarget;
 use crate::body::BoxError;
 use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
@@ -19,14 +20,12 @@ use crate::s3::sigv4::{EMPTY_SHA256, push_encoded};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
 use http_body::Frame;
-use http_body_util::{BodyExt, Empty, StreamBody, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::Incoming;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
-
-pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
 
 /// How the upstream body is protected, for the signature.
 pub enum UpstreamPayload {
@@ -51,18 +50,6 @@ pub struct Outgoing {
     /// the backend must judge as the anonymous requests they are, never
     /// with fencegate's credential.
     pub anonymous: bool,
-}
-
-/// Where and as whom fencegate talks to the backend.
-#[derive(Clone)]
-pub struct BackendTarget {
-    pub endpoint: Uri,
-    pub region: String,
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    /// Name the bucket in the Host header (`bucket.<endpoint host>`) instead
-    /// of the path. fencegate still connects to the endpoint's address.
-    pub virtual_host: bool,
 }
 
 pub struct Upstream {

@@ -19,7 +19,7 @@
 //! directory the earlier default (s3s-fs) wrote, `<data_dir>/objects/`, is
 //! imported on the first start (`store/import.rs`).
 
-use super::client::BackendTarget;
+use super::target::BackendTarget;
 use crate::store::Store;
 use http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use hyper::server::conn::http1;

@@ -5,3 +5,4 @@ pub mod client;
 pub mod embedded;
 pub mod pool;
 pub mod probe;
+pub mod target;

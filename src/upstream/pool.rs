@@ -18,15 +18,20 @@
 //! - Connections idle for longer than `idle` are closed when the list is
 //!   next looked at; the list never keeps more than `MAX_KEPT`.
 
+use crate::s3::error::S3Error;
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::{Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service;
 
-use super::client::UpstreamBody;
-use hyper_util::client::legacy::connect::HttpConnector;
+/// The body of a request sent on a pooled connection: to the backend
+/// (`client.rs`), or to another replica (`proxy::peers`).
+pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Sender = http1::SendRequest<UpstreamBody>;
