@@ -81,8 +81,8 @@ impl DbFile {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The database for a read.
-    pub fn read(&self) -> Result<Arc<Database>, String> {
+    /// The database, reopened first after a disk error.
+    pub fn database(&self) -> Result<Arc<Database>, String> {
         let mut st = self.lock();
         if let Some(db) = &st.db {
             return Ok(db.clone());
@@ -93,13 +93,13 @@ impl DbFile {
     /// The database for a write: refused with the reason while the file
     /// cannot write (its reopening and probe are tried first).
     pub fn write(&self) -> Result<Arc<Database>, String> {
-        let db = self.read()?;
+        let db = self.database()?;
         if self.lock().failing.is_none() {
             return Ok(db);
         }
         drop(db);
         self.recover()?;
-        self.read()
+        self.database()
     }
 
     /// Opens the file again, unless the old handle is still in use.
@@ -141,7 +141,7 @@ impl DbFile {
     /// Tries a durable write of the probe row; clears the failure if it
     /// goes through.
     pub fn recover(&self) -> Result<(), String> {
-        let db = self.read()?;
+        let db = self.database()?;
         let probe = || -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
             txn.open_table(PROBE)?.insert("probe", crate_now_ms())?;

@@ -116,7 +116,7 @@ impl RedbTable {
             )));
         }
         let file = DbFile::open(path, CACHE_BYTES).map_err(TableError)?;
-        let db = file.read().map_err(TableError)?;
+        let db = file.database().map_err(TableError)?;
         // Make sure the table exists and is readable now, not on first use.
         let txn = db.begin_write().map_err(store_err)?;
         txn.open_table(FENCES)
@@ -147,7 +147,7 @@ impl RedbTable {
         file: &DbFile,
         f: impl FnOnce(&Database) -> Result<T, TableError>,
     ) -> Result<T, TableError> {
-        let db = file.read().map_err(TableError)?;
+        let db = file.database().map_err(TableError)?;
         f(&db)
     }
 

@@ -60,7 +60,7 @@ fn not_kept() -> s3s::S3Error {
 impl Store {
     /// The object exists (or `NoSuchKey`).
     async fn object_exists(&self, bucket: String, key: String) -> S3Result<()> {
-        self.read(move |txn| {
+        self.in_read_txn(move |txn| {
             let buckets = txn.open_table(BUCKETS).map_err(internal)?;
             bucket_exists(&buckets, &bucket).map_err(internal)??;
             let t = txn.open_table(OBJECTS).map_err(internal)?;

@@ -254,7 +254,7 @@ impl Blobs {
 
     /// The bytes `[start, end)` of the blob segments `(id, offset, len)`
     /// laid end to end, as a stream of pieces.
-    pub fn read(
+    pub fn stream_range(
         &self,
         segments: impl IntoIterator<Item = (u128, u64, u64)>,
         start: u64,
@@ -407,7 +407,7 @@ mod tests {
             (3, 3, ""),
         ] {
             let got: Vec<Bytes> = blobs
-                .read(segments.clone(), start, end)
+                .stream_range(segments.clone(), start, end)
                 .map(|r| r.unwrap())
                 .collect()
                 .await;

@@ -89,7 +89,7 @@ impl Store {
 
     /// How many objects the index holds, in every bucket (memory tests).
     pub async fn object_count(&self) -> S3Result<u64> {
-        self.read(|txn| {
+        self.in_read_txn(|txn| {
             txn.open_table(OBJECTS)
                 .map_err(internal)?
                 .len()
@@ -103,7 +103,7 @@ impl Store {
         _req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
         let buckets = self
-            .read(|txn| {
+            .in_read_txn(|txn| {
                 let t = txn.open_table(BUCKETS).map_err(internal)?;
                 let mut out = Vec::new();
                 for item in t.iter().map_err(internal)? {

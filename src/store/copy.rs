@@ -135,7 +135,7 @@ pub(super) async fn source_record(
     key: String,
 ) -> S3Result<ObjectRecord> {
     store
-        .read(move |txn| {
+        .in_read_txn(move |txn| {
             let t = txn.open_table(OBJECTS).map_err(internal)?;
             current(&t, &bucket, &key)
                 .map_err(internal)?

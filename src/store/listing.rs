@@ -249,7 +249,7 @@ impl Store {
         let (bucket, prefix) = (bucket.to_string(), prefix.unwrap_or_default().to_string());
         let delimiter = delimiter.map(str::to_string);
         let page = self
-            .read(move |txn: &ReadTransaction| {
+            .in_read_txn(move |txn: &ReadTransaction| {
                 let buckets = txn.open_table(BUCKETS).map_err(internal)?;
                 bucket_exists(&buckets, &bucket).map_err(internal)??;
                 let t = txn.open_table(OBJECTS).map_err(internal)?;
@@ -406,7 +406,7 @@ impl Store {
         let (after, delimiter) = (i.key_marker.clone(), i.delimiter.clone());
         let after_id = i.upload_id_marker.clone();
         let (uploads, prefixes, truncated) = self
-            .read(move |txn| {
+            .in_read_txn(move |txn| {
                 let buckets = txn.open_table(BUCKETS).map_err(internal)?;
                 bucket_exists(&buckets, &bucket).map_err(internal)??;
                 let t = txn.open_table(UPLOADS).map_err(internal)?;
@@ -471,7 +471,7 @@ impl Store {
         let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
         let (b, k, id) = (i.bucket.clone(), i.key.clone(), i.upload_id.clone());
         let (upload, parts, truncated) = self
-            .read(move |txn| {
+            .in_read_txn(move |txn| {
                 let uploads = txn.open_table(UPLOADS).map_err(internal)?;
                 let up = uploads
                     .get((b.as_str(), k.as_str(), id.as_str()))

@@ -154,20 +154,20 @@ impl Store {
 
     /// Whether the index points at blob `id`.
     fn live(&self, id: u128) -> Result<bool, String> {
-        let db = self.index.read()?;
+        let db = self.index.database()?;
         let txn = db.begin_read().map_err(|e| e.to_string())?;
         let t = txn.open_table(BLOBS).map_err(|e| e.to_string())?;
         Ok(t.get(id).map_err(|e| e.to_string())?.is_some())
     }
 
     /// Runs `f` on a read transaction, off the async threads.
-    async fn read<T: Send + 'static>(
+    async fn in_read_txn<T: Send + 'static>(
         &self,
         f: impl FnOnce(&ReadTransaction) -> Result<T, S3Error> + Send + 'static,
     ) -> S3Result<T> {
         let index = self.index.clone();
         tokio::task::spawn_blocking(move || {
-            let db = index.read().map_err(unavailable)?;
+            let db = index.database().map_err(unavailable)?;
             let txn = db.begin_read().map_err(internal)?;
             f(&txn)
         })
@@ -178,7 +178,7 @@ impl Store {
     /// Refuses a request on a bucket that does not exist (a write checks
     /// again in the step that commits it).
     async fn bucket_must_exist(&self, bucket: String) -> S3Result<()> {
-        self.read(move |txn| {
+        self.in_read_txn(move |txn| {
             let buckets = txn.open_table(BUCKETS).map_err(internal)?;
             bucket_exists(&buckets, &bucket).map_err(internal)?
         })

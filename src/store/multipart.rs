@@ -179,7 +179,7 @@ impl Store {
     /// The upload `(bucket, key, id)`, or `NoSuchUpload`.
     async fn upload(&self, bucket: &str, key: &str, id: &str) -> S3Result<UploadRecord> {
         let (b, k, i) = (bucket.to_string(), key.to_string(), id.to_string());
-        self.read(move |txn| {
+        self.in_read_txn(move |txn| {
             let t = txn.open_table(UPLOADS).map_err(internal)?;
             let v = t
                 .get((b.as_str(), k.as_str(), i.as_str()))
@@ -264,7 +264,7 @@ impl Store {
         // The bytes are copied into a blob of the part's own: its ETag is
         // their MD5, as S3 gives it.
         let reading = self.blobs.hold_for_read(src.blobs().collect());
-        let bytes = self.blobs.read(src.spans(), range.start, range.end);
+        let bytes = self.blobs.stream_range(src.spans(), range.start, range.end);
         let also = upload.checksum_algorithm;
         let saved = self.save_body(bytes, None, also).await?;
         drop(reading);

@@ -153,7 +153,7 @@ impl Store {
         check_version(asked.version.as_deref())?;
         let checksums_wanted = checksum_wanted(asked.checksum_mode.as_ref());
         let blobs = self.blobs.clone();
-        self.read(move |txn| {
+        self.in_read_txn(move |txn| {
             let record = object_in(txn, &asked.bucket, &asked.key)?;
             let modified = timestamp(record.last_modified_ms);
             let etag = ETag::Strong(record.etag.clone());
@@ -193,7 +193,7 @@ impl Store {
             None => {
                 let reading = self.blobs.hold_for_read(record.blobs().collect());
                 let (start, end) = (sel.bytes.range.start, sel.bytes.range.end);
-                let stream = (self.blobs).read(record.spans(), start, end);
+                let stream = (self.blobs).stream_range(record.spans(), start, end);
                 StreamingBlob::wrap(futures_util::StreamExt::map(stream, move |piece| {
                     let _still_reading = &reading;
                     piece
@@ -519,7 +519,7 @@ mod tests {
     /// An answer of `byte_range`: (first, end, partial), or the status.
     type Answer = Result<(u64, u64, bool), u16>;
 
-    fn read(size: u64, parts: &[u64], range: Option<&str>, part: Option<i32>) -> Answer {
+    fn ranged(size: u64, parts: &[u64], range: Option<&str>, part: Option<i32>) -> Answer {
         let r = ObjectRecord {
             size,
             parts: parts.to_vec(),
@@ -554,7 +554,7 @@ mod tests {
         ];
         for (size, h, want) in cases {
             assert_eq!(
-                &read(*size, &[], Some(h), None),
+                &ranged(*size, &[], Some(h), None),
                 want,
                 "{h} of {size} bytes"
             );
@@ -574,12 +574,12 @@ mod tests {
 
     #[test]
     fn parts_are_ranges_of_their_own() {
-        assert_eq!(read(10, &[4, 6], None, Some(2)), Ok((4, 10, true)));
-        assert_eq!(read(10, &[4, 6], None, Some(1)), Ok((0, 4, true)));
-        assert_eq!(read(10, &[4, 6], None, Some(3)), Err(400));
+        assert_eq!(ranged(10, &[4, 6], None, Some(2)), Ok((4, 10, true)));
+        assert_eq!(ranged(10, &[4, 6], None, Some(1)), Ok((0, 4, true)));
+        assert_eq!(ranged(10, &[4, 6], None, Some(3)), Err(400));
         // Part 1 of an object uploaded whole is all of it, still a range.
-        assert_eq!(read(10, &[], None, Some(1)), Ok((0, 10, true)));
-        assert_eq!(read(0, &[], None, Some(1)), Ok((0, 0, false)));
-        assert_eq!(read(10, &[], Some("bytes=0-1"), Some(1)), Err(400));
+        assert_eq!(ranged(10, &[], None, Some(1)), Ok((0, 10, true)));
+        assert_eq!(ranged(0, &[], None, Some(1)), Ok((0, 0, false)));
+        assert_eq!(ranged(10, &[], Some("bytes=0-1"), Some(1)), Err(400));
     }
 }

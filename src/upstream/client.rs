@@ -53,7 +53,7 @@ pub struct Outgoing {
 }
 
 pub struct Upstream {
-    route: Route,
+    transport: Transport,
     target: BackendTarget,
     host: HeaderValue,
     timeout: Duration,
@@ -61,7 +61,7 @@ pub struct Upstream {
 }
 
 /// How a request reaches the backend.
-enum Route {
+enum Transport {
     /// Over HTTP(S), from a pool of connections.
     Wire(Pool),
     /// The embedded store, called in-process.
@@ -170,7 +170,12 @@ impl Upstream {
             crate::tls::client_config_without_roots()?
         };
         let pool = Pool::new(tls, target.endpoint.clone(), Duration::from_secs(30));
-        Ok(Self::with_route(Route::Wire(pool), target, host, timeout))
+        Ok(Self::with_transport(
+            Transport::Wire(pool),
+            target,
+            host,
+            timeout,
+        ))
     }
 
     /// The embedded store, called in-process with its credential.
@@ -188,11 +193,11 @@ impl Upstream {
             virtual_host: false,
         };
         let host = HeaderValue::from_static("embedded.fencegate.invalid");
-        Self::with_route(Route::InProcess(store), target, host, timeout)
+        Self::with_transport(Transport::InProcess(store), target, host, timeout)
     }
 
-    fn with_route(
-        route: Route,
+    fn with_transport(
+        transport: Transport,
         target: BackendTarget,
         host: HeaderValue,
         timeout: Duration,
@@ -203,7 +208,7 @@ impl Upstream {
             &target.region,
         );
         Upstream {
-            route,
+            transport,
             signer,
             target,
             host,
@@ -213,7 +218,7 @@ impl Upstream {
 
     /// Whether the backend is the embedded store, in this process.
     pub fn is_in_process(&self) -> bool {
-        matches!(self.route, Route::InProcess(_))
+        matches!(self.transport, Transport::InProcess(_))
     }
 
     /// How long a backend may take to answer (and, for an answer's body,
@@ -273,7 +278,7 @@ impl Upstream {
         // In-process, only the form s3s decodes for an authenticated
         // request alone is signed (see `upstream::embedded`).
         let sign = !out.anonymous
-            && (matches!(self.route, Route::Wire(_))
+            && (matches!(self.transport, Transport::Wire(_))
                 || matches!(out.payload, UpstreamPayload::StreamingUnsignedTrailer));
         if sign {
             let payload = match &out.payload {
@@ -291,9 +296,9 @@ impl Upstream {
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
         let sending = async {
-            match &self.route {
-                Route::Wire(pool) => Self::over_wire(pool, req, out.body).await,
-                Route::InProcess(store) => {
+            match &self.transport {
+                Transport::Wire(pool) => Self::over_wire(pool, req, out.body).await,
+                Transport::InProcess(store) => {
                     let trusted = !out.anonymous;
                     Self::in_process_call(store, req, out.body, out.content_length, trusted).await
                 }
