@@ -303,7 +303,7 @@ impl Blobs {
 }
 
 impl Blobs {
-    /// The bytes `[start, end)` of the segments, as [`Blobs::read`] streams
+    /// The bytes `[start, end)` of the segments, as [`Blobs::stream_range`] streams
     /// them, read at once on this thread: for the few bytes of a small
     /// read, on a thread that may block.
     pub fn read_now(

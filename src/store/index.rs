@@ -207,7 +207,7 @@ impl ObjectRecord {
     }
 
     /// The object's bytes as `(blob, offset, len)` spans, in order: what
-    /// `Blobs::read` and `Blobs::read_now` take.
+    /// `Blobs::stream_range` and `Blobs::read_now` take.
     pub fn spans(&self) -> impl Iterator<Item = (u128, u64, u64)> + '_ {
         self.segments.iter().map(|s| (s.blob, s.offset, s.len))
     }
