@@ -346,7 +346,9 @@ fn credentials(c: CredentialsArgs) -> ExitCode {
 fn bench(b: fencegate::bench::BenchArgs) -> ExitCode {
     use fencegate::bench::{BenchCommand, load, relay, sink, store};
     let threads = match &b.command {
-        Some(BenchCommand::Sink(_) | BenchCommand::Store(_) | BenchCommand::Relay(_)) => 2,
+        Some(BenchCommand::Sink(s)) => s.threads.max(1),
+        Some(BenchCommand::Store(s)) => s.threads.max(1),
+        Some(BenchCommand::Relay(_)) => 2,
         None => b.load.threads.max(1),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -29,6 +29,9 @@ pub struct SinkArgs {
     /// Size of a GET answer for a key that was never PUT (default: 404).
     #[arg(long, value_parser = super::parse_size)]
     pub get_size: Option<u64>,
+    /// Runtime worker threads (scripts/bench-cores gives one a core).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
 }
 
 struct Sink {

@@ -24,6 +24,9 @@ pub struct StoreArgs {
     pub access_key: String,
     #[arg(long, default_value = "fencegate-demo-secret-key")]
     pub secret_key: String,
+    /// Runtime worker threads (scripts/bench-cores gives one a core).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
 }
 
 /// Opens the store, binds, prints `store listening ADDR`, and serves until
