@@ -9,9 +9,9 @@
 //! - `GET /fences?prefix=&limit=&after=`: recorded fences, paginated;
 //! - `GET /fences/{resource}`: one fence;
 //! - `POST /fences/{resource}` with `{"token": N}` and
-//!   `Authorization: Bearer <admin token>`: raise by hand (never lowers);
+//!   `Authorization: Bearer <server.admin_token>`: raise by hand (never lowers);
 //! - `POST /credentials` with `{"token": N, "lock": L, "scope": [..],
-//!   "ttl_secs": S}` and the admin bearer token: session credentials
+//!   "ttl_secs": S}` and the admin bearer: session credentials
 //!   bound to the token (`s3::session`, docs/credentials.md), answered in
 //!   the JSON of AWS's `credential_process`;
 //! - `GET /metrics`: Prometheus text.

@@ -1,4 +1,4 @@
-//! `fencegate fences export` and `import`: every fence of one store, as
+//! `fencegate fences export` and `import`: every fence of one fence table, as
 //! JSON lines, into another. They move a single node's fences into etcd
 //! (and back) when a deployment grows into replicas (docs/cluster.md,
 //! "Moving a node over").
@@ -18,9 +18,9 @@ use std::sync::Arc;
 /// Fences read per page.
 const PAGE: usize = 1000;
 
-/// The store `cfg` names: etcd with `[cluster]`, else `fences.redb` in the
+/// The fence table `cfg` names: etcd with `[cluster]`, else `fences.redb` in the
 /// data directory (which only one process may open: stop the node first).
-pub async fn open_store(cfg: &Config) -> Result<Arc<dyn FenceTable>, String> {
+pub async fn open_table(cfg: &Config) -> Result<Arc<dyn FenceTable>, String> {
     if let Some(c) = &cfg.cluster {
         return Ok(Cluster::open_table(c).await?);
     }
@@ -29,7 +29,7 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn FenceTable>, String> {
         return Err(format!("{} does not exist", path.display()));
     }
     let store = RedbTable::open(&path).map_err(|e| {
-        format!("{e} (a running fencegate holds its store: stop it, or export with --admin)")
+        format!("{e} (a running fencegate holds its fence table: stop it, or export with --admin)")
     })?;
     Ok(Arc::new(store))
 }

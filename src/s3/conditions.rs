@@ -10,7 +10,7 @@
 //!   `x-amz-if-match-size`; each key of DeleteObjects: its `ETag`,
 //!   `LastModifiedTime` and `Size` (`s3::multi_delete`).
 //!
-//! The verdicts are AWS's (docs/how-it-works.md has the table and its
+//! The verdicts are AWS's (docs/conditional-writes.md has the table and its
 //! sources): a condition that does not hold is `412 PreconditionFailed`;
 //! `If-Match` on a key that does not exist is `404 NoSuchKey`; the size and
 //! time conditions of a delete hold for a key that does not exist (the
