@@ -113,7 +113,7 @@ async fn export(cfg: &fencegate::config::Config, admin: Option<&str>) -> ExitCod
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let done = match admin {
         Some(base) => client::export(base, &mut out).await,
-        None => match transfer::open_store(cfg).await {
+        None => match transfer::open_table(cfg).await {
             Ok(store) => transfer::export(store.as_ref(), &mut out).await,
             Err(e) => Err(e),
         },
@@ -146,7 +146,7 @@ async fn import(cfg: &fencegate::config::Config, file: &std::path::Path) -> Exit
         }
     };
     let mut input = input;
-    let store = match transfer::open_store(cfg).await {
+    let store = match transfer::open_table(cfg).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fencegate fences import: {e}");
