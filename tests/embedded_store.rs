@@ -320,6 +320,47 @@ async fn reads_honour_their_conditions() {
     assert_eq!(outcome(unchanged).map_err(|e| e.0), Err(304));
 }
 
+/// A GET reads an object in one of three ways by its size (`store/read.rs`):
+/// on the async thread with its record (up to 16 KiB), on a blocking thread
+/// with its record (up to 256 KiB), or streamed. Each size at and past each
+/// bound gets its bytes, whole and by range.
+#[tokio::test]
+async fn reads_of_every_size_get_their_bytes() {
+    let (_fg, c) = store().await;
+    for size in [
+        0usize,
+        1,
+        16 << 10,
+        (16 << 10) + 1,
+        256 << 10,
+        (256 << 10) + 1,
+    ] {
+        let body: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+        let key = format!("sized-{size}");
+        c.put_object()
+            .bucket("demo")
+            .key(&key)
+            .body(ByteStream::from(body.clone()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(get(&c, &key).await.unwrap(), body, "{size} bytes, whole");
+        if size > 2 {
+            let (first, last) = (1, size - 2);
+            let ranged = c
+                .get_object()
+                .bucket("demo")
+                .key(&key)
+                .range(format!("bytes={first}-{last}"))
+                .send()
+                .await
+                .unwrap();
+            let got = ranged.body.collect().await.unwrap().into_bytes();
+            assert_eq!(got.as_ref(), &body[first..=last], "{size} bytes, ranged");
+        }
+    }
+}
+
 /// s3s-fs moved a PUT's object into place before checking its Content-MD5
 /// and checksums: a corrupt body was answered 400 and replaced the good
 /// version all the same. Now nothing lands.

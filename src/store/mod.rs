@@ -175,6 +175,21 @@ impl Store {
         .map_err(internal)?
     }
 
+    /// [`Store::in_read_txn`] on this thread, with no hop to a blocking
+    /// thread and back: for a point lookup (one record, and at most
+    /// `READ_WITH_RECORD` bytes of blob), which on a warm index and page
+    /// cache takes a few microseconds, less than the two context switches
+    /// of the hop (BENCHMARKS log, "Cores"). A cold page blocks this
+    /// thread for one disk read.
+    fn in_read_txn_here<T>(
+        &self,
+        f: impl FnOnce(&ReadTransaction) -> Result<T, S3Error>,
+    ) -> S3Result<T> {
+        let db = self.index.database().map_err(unavailable)?;
+        let txn = db.begin_read().map_err(internal)?;
+        f(&txn)
+    }
+
     /// Refuses a request on a bucket that does not exist (a write checks
     /// again in the step that commits it).
     async fn bucket_must_exist(&self, bucket: String) -> S3Result<()> {

@@ -13,9 +13,11 @@
 //! `If-Modified-Since`) is `304 Not Modified`. Times compare in whole
 //! seconds, the precision of the HTTP dates clients send back.
 
+use super::blobs::Blobs;
 use super::index::ObjectRecord;
 use super::objects::object_in;
 use super::{Store, check_version, internal, timestamp};
+use redb::ReadTransaction;
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
@@ -79,6 +81,43 @@ impl ReadConditions {
 /// streaming it costs one for the index and one for each of opening,
 /// seeking and reading the file.
 const READ_WITH_RECORD: u64 = 256 * 1024;
+
+/// The most bytes a GET reads on the async thread itself, with its
+/// record (`Store::in_read_txn_here`): a few pages from the page cache,
+/// cheaper than the hop to a blocking thread and back.
+const READ_HERE: u64 = 16 * 1024;
+
+/// The record `asked` names, once its conditions passed, and its bytes
+/// when there are at most `limit` of them (none without a limit). Its
+/// blobs are held while read, as a streamed read holds them.
+fn pick(
+    txn: &ReadTransaction,
+    asked: &Asked,
+    limit: Option<u64>,
+    blobs: &Blobs,
+    checksums_wanted: bool,
+) -> Result<Selected, S3Error> {
+    let record = object_in(txn, &asked.bucket, &asked.key)?;
+    let modified = timestamp(record.last_modified_ms);
+    let etag = ETag::Strong(record.etag.clone());
+    asked.conditions.check(Some(&etag), Some(&modified))?;
+    let bytes = byte_range(&record, asked.range.as_ref(), asked.part)?;
+    let (start, end) = (bytes.range.start, bytes.range.end);
+    let read = match limit.is_some_and(|l| end - start <= l) {
+        true => {
+            let _reading = blobs.hold_for_read(record.blobs().collect());
+            let read = blobs.read_now(record.spans(), start, end);
+            Some(read.map_err(internal)?)
+        }
+        false => None,
+    };
+    Ok(Selected {
+        checksums: bytes.checksums && checksums_wanted,
+        record,
+        bytes,
+        read,
+    })
+}
 
 /// What a GET or HEAD reads: the record, once its version and conditions
 /// have passed, the bytes asked for, and those bytes themselves when they
@@ -148,38 +187,23 @@ asked_from!(GetObjectInput, HeadObjectInput);
 impl Store {
     /// The one way GET and HEAD pick what they read: the version (only
     /// `null`), the object, its conditions, the range or part; with `read`,
-    /// the bytes too when they are few (`READ_WITH_RECORD`).
+    /// the bytes too when they are few. Looked up on this thread, reading
+    /// at most [`READ_HERE`] bytes there; a larger small read (up to
+    /// `READ_WITH_RECORD`) is looked up again and read on a blocking
+    /// thread.
     async fn select(&self, asked: Asked, read: bool) -> S3Result<Selected> {
         check_version(asked.version.as_deref())?;
-        let checksums_wanted = checksum_wanted(asked.checksum_mode.as_ref());
+        let checksums = checksum_wanted(asked.checksum_mode.as_ref());
+        let limit = read.then_some(READ_HERE);
+        let sel = self.in_read_txn_here(|txn| pick(txn, &asked, limit, &self.blobs, checksums))?;
+        let len = sel.bytes.range.end - sel.bytes.range.start;
+        if !read || sel.read.is_some() || len > READ_WITH_RECORD {
+            return Ok(sel);
+        }
         let blobs = self.blobs.clone();
-        self.in_read_txn(move |txn| {
-            let record = object_in(txn, &asked.bucket, &asked.key)?;
-            let modified = timestamp(record.last_modified_ms);
-            let etag = ETag::Strong(record.etag.clone());
-            asked.conditions.check(Some(&etag), Some(&modified))?;
-            let bytes = byte_range(&record, asked.range.as_ref(), asked.part)?;
-            let (start, end) = (bytes.range.start, bytes.range.end);
-            let read = match read && end - start <= READ_WITH_RECORD {
-                // Held while read, as a streamed read holds its blobs.
-                true => {
-                    let _reading = blobs.hold_for_read(record.blobs().collect());
-                    Some(
-                        blobs
-                            .read_now(record.spans(), start, end)
-                            .map_err(internal)?,
-                    )
-                }
-                false => None,
-            };
-            Ok(Selected {
-                checksums: bytes.checksums && checksums_wanted,
-                record,
-                bytes,
-                read,
-            })
-        })
-        .await
+        let limit = Some(READ_WITH_RECORD);
+        self.in_read_txn(move |txn| pick(txn, &asked, limit, &blobs, checksums))
+            .await
     }
 
     pub(super) async fn get_object(
