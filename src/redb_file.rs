@@ -90,6 +90,12 @@ impl DbFile {
         self.reopen(&mut st)
     }
 
+    /// The database if it is open, without reopening it (which may take
+    /// a while: for a caller that must not block).
+    pub fn open_now(&self) -> Option<Arc<Database>> {
+        self.lock().db.clone()
+    }
+
     /// The database for a write: refused with the reason while the file
     /// cannot write (its reopening and probe are tried first).
     pub fn write(&self) -> Result<Arc<Database>, String> {

@@ -180,14 +180,15 @@ impl Store {
     /// `READ_WITH_RECORD` bytes of blob), which on a warm index and page
     /// cache takes a few microseconds, less than the two context switches
     /// of the hop (BENCHMARKS log, "Cores"). A cold page blocks this
-    /// thread for one disk read.
+    /// thread for one disk read. `None` while the index must be opened
+    /// again after a disk error, which is left to a blocking thread.
     fn in_read_txn_here<T>(
         &self,
         f: impl FnOnce(&ReadTransaction) -> Result<T, S3Error>,
-    ) -> S3Result<T> {
-        let db = self.index.database().map_err(unavailable)?;
-        let txn = db.begin_read().map_err(internal)?;
-        f(&txn)
+    ) -> Option<S3Result<T>> {
+        let db = self.index.open_now()?;
+        let txn = db.begin_read().map_err(internal);
+        Some(txn.and_then(|txn| f(&txn)))
     }
 
     /// Refuses a request on a bucket that does not exist (a write checks

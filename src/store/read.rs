@@ -195,13 +195,27 @@ impl Store {
         check_version(asked.version.as_deref())?;
         let checksums = checksum_wanted(asked.checksum_mode.as_ref());
         let limit = read.then_some(READ_HERE);
-        let sel = self.in_read_txn_here(|txn| pick(txn, &asked, limit, &self.blobs, checksums))?;
+        let here = self.in_read_txn_here(|txn| pick(txn, &asked, limit, &self.blobs, checksums));
+        let limit = read.then_some(READ_WITH_RECORD);
+        let Some(sel) = here else {
+            return self.pick_off_thread(asked, limit, checksums).await;
+        };
+        let sel = sel?;
         let len = sel.bytes.range.end - sel.bytes.range.start;
         if !read || sel.read.is_some() || len > READ_WITH_RECORD {
             return Ok(sel);
         }
+        self.pick_off_thread(asked, limit, checksums).await
+    }
+
+    /// [`pick`] on a blocking thread.
+    async fn pick_off_thread(
+        &self,
+        asked: Asked,
+        limit: Option<u64>,
+        checksums: bool,
+    ) -> S3Result<Selected> {
         let blobs = self.blobs.clone();
-        let limit = Some(READ_WITH_RECORD);
         self.in_read_txn(move |txn| pick(txn, &asked, limit, &blobs, checksums))
             .await
     }
