@@ -85,7 +85,8 @@
 //!   owns admitted as on a single node, the others answered with their
 //!   owner for the proxy to forward to; `gate/cluster.rs`: cluster mode without owners (one etcd
 //!   transaction per request), and following raises made at other
-//!   replicas (both modes); `gate/tests.rs`: its tests.
+//!   replicas (both modes); `gate/outcome.rs`: what it answers
+//!   (`Admission`, `Refusal`); `gate/tests.rs`: its tests.
 //! - [`fence::body_gate`]: the body gate, holding a write's last body frame
 //!   until its permit (and object hold) confirms.
 //! - [`fence::hold`]: the object hold, where a conditional write's check and
@@ -149,7 +150,7 @@
 //! - [`store`]: the index in redb (`index.rs`), the blob files
 //!   (`blobs.rs`), the group commit where every change and its conditions
 //!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
-//!   `objects.rs`, `read.rs`, `delete.rs`, `copy.rs`, `multipart.rs`,
+//!   `objects.rs`, `read.rs` (its tests in `read_tests.rs`), `delete.rs`, `copy.rs`, `multipart.rs`,
 //!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `save.rs` is the one
 //!   path of a body into a blob (PutObject's, UploadPart's,
 //!   UploadPartCopy's), hashed as `digests.rs` says and checked against
@@ -166,7 +167,7 @@
 //! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
 //!   exit, one log event, a file a phase (the table in `proxy/mod.rs`):
 //!   `head.rs` (size, signature, operation, permission), `token.rs`,
-//!   `route.rs` (here, at the owner, or at a peer), `fence.rs` (the
+//!   `route.rs` (here, at the owner, or at a peer), `admit_here.rs` (the
 //!   admission here), `conditional.rs` (the object's hold and a write's
 //!   conditions, and `fence.conditional_writes`), `outgoing.rs` (the
 //!   upstream request) with `per_op.rs` (what one operation adds, in one

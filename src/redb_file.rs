@@ -90,10 +90,17 @@ impl DbFile {
         self.reopen(&mut st)
     }
 
-    /// The database if it is open, without reopening it (which may take
-    /// a while: for a caller that must not block).
+    /// The database if it is open, without waiting: `None` while it is
+    /// to be opened again, or while another thread holds the state (a
+    /// reopening holds it for as long as redb takes to open the file). For
+    /// a caller that must not block.
     pub fn open_now(&self) -> Option<Arc<Database>> {
-        self.lock().db.clone()
+        let st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        st.db.clone()
     }
 
     /// The database for a write: refused with the reason while the file

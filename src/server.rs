@@ -244,7 +244,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
 }
 
 /// The data directory, the fence table in it (a damaged one stops
-/// start-up), and the gate over the store.
+/// start-up), and the gate over it.
 fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
     std::fs::create_dir_all(&cfg.server.data_dir).map_err(|e| {
         StartError(format!(

@@ -9,7 +9,7 @@ use super::{
 };
 use std::collections::HashSet;
 
-/// `[server]`: region, domains, limits, TLS pair, admin token.
+/// `[server]`: region, domains, limits, TLS pair, admin bearer.
 pub(super) fn server(server: &ServerConfig) -> Result<(), ConfigError> {
     if server.region.is_empty() {
         return Err(err("server.region", "must not be empty"));

@@ -1,5 +1,5 @@
 //! Fencing: tokens, resources, the check with its ordering barrier, and the
-//! durable store behind it, the body gate where a write's permit meets
+//! durable fence table behind it, the body gate where a write's permit meets
 //! its body, and the object hold that makes a conditional write one step.
 
 pub mod body_gate;

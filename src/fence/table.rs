@@ -4,11 +4,11 @@
 //!
 //! [`FenceTable`] has two implementations: [`RedbTable`] here
 //! (`fences.redb`, a single node's), and the cluster's, in etcd
-//! (`cluster/table.rs`). The gate (`gate/mod.rs`) raises through the store
+//! (`cluster/table.rs`). The gate (`gate/mod.rs`) raises through the fence table
 //! only on a single node. In cluster mode it makes its raises in etcd
 //! itself: an owner's under its epoch (`gate/owned.rs`), or, without
 //! owners, in the one admission transaction that also checks and orders
-//! (`gate/cluster.rs`). The store then serves the gate's reads of fences,
+//! (`gate/cluster.rs`). The fence table then serves the gate's reads of fences,
 //! the admin API's listing, `fencegate fences import` and the multipart
 //! uploads' tokens.
 
@@ -48,7 +48,7 @@ pub trait FenceTable: Send + Sync + 'static {
 
     /// Records `max(current, token)` for `resource` and returns once that is
     /// durable. Returns the highest now recorded (which may exceed `token`
-    /// if another writer of a shared store got there first).
+    /// if another writer of a shared fence table got there first).
     fn raise(&self, resource: &str, token: u64) -> BoxFuture<'_, Result<u64, TableError>>;
 
     /// Records in resource order, starting after `after`, at most `limit`.
@@ -76,7 +76,7 @@ pub trait FenceTable: Send + Sync + 'static {
     }
 }
 
-/// The embedded store: one redb file, `fences.redb`, in the data directory,
+/// A single node's fence table: one redb file, `fences.redb`, in the data directory,
 /// reopened by itself after a disk error (`redb_file.rs`).
 pub struct RedbTable {
     file: Arc<DbFile>,
@@ -95,16 +95,16 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn store_err(e: impl std::fmt::Display) -> TableError {
+fn table_err(e: impl std::fmt::Display) -> TableError {
     TableError(e.to_string())
 }
 
 impl RedbTable {
-    /// Opens or creates the store. Any problem with an existing file is an
+    /// Opens or creates the fence table. Any problem with an existing file is an
     /// error for the caller to report; the file is never reset.
     pub fn open(path: &Path) -> Result<RedbTable, TableError> {
         // redb treats an empty file as a new database; for fencegate an
-        // existing empty store is a lost one (truncated, or its disk
+        // existing empty fence table is a lost one (truncated, or its disk
         // contents gone), and starting empty would admit stale writers.
         if let Ok(meta) = std::fs::metadata(path)
             && meta.len() == 0
@@ -118,16 +118,16 @@ impl RedbTable {
         let file = DbFile::open(path, CACHE_BYTES).map_err(TableError)?;
         let db = file.database().map_err(TableError)?;
         // Make sure the table exists and is readable now, not on first use.
-        let txn = db.begin_write().map_err(store_err)?;
+        let txn = db.begin_write().map_err(table_err)?;
         txn.open_table(FENCES)
             .map_err(|e| TableError(format!("{}: {e}", path.display())))?;
         txn.open_table(UPLOADS)
             .map_err(|e| TableError(format!("{}: {e}", path.display())))?;
-        txn.commit().map_err(store_err)?;
-        let read = db.begin_read().map_err(store_err)?;
-        let table = read.open_table(FENCES).map_err(store_err)?;
+        txn.commit().map_err(table_err)?;
+        let read = db.begin_read().map_err(table_err)?;
+        let table = read.open_table(FENCES).map_err(table_err)?;
         // Walk every entry once so a damaged table is found at start-up.
-        for entry in table.iter().map_err(store_err)? {
+        for entry in table.iter().map_err(table_err)? {
             entry.map_err(|e| TableError(format!("{}: {e}", path.display())))?;
         }
         drop(table);
@@ -167,9 +167,9 @@ impl RedbTable {
     }
 
     fn get_blocking(db: &Database, resource: &str) -> Result<Option<u64>, TableError> {
-        let txn = db.begin_read().map_err(store_err)?;
-        let table = txn.open_table(FENCES).map_err(store_err)?;
-        Ok(table.get(resource).map_err(store_err)?.map(|v| v.value().0))
+        let txn = db.begin_read().map_err(table_err)?;
+        let table = txn.open_table(FENCES).map_err(table_err)?;
+        Ok(table.get(resource).map_err(table_err)?.map(|v| v.value().0))
     }
 
     fn raise_blocking(db: &Database, resource: &str, token: u64) -> Result<u64, redb::Error> {
@@ -196,15 +196,15 @@ impl RedbTable {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<FenceRecord>, TableError> {
-        let txn = db.begin_read().map_err(store_err)?;
-        let table = txn.open_table(FENCES).map_err(store_err)?;
+        let txn = db.begin_read().map_err(table_err)?;
+        let table = txn.open_table(FENCES).map_err(table_err)?;
         let start = match after {
             Some(a) if a >= prefix => a,
             _ => prefix,
         };
         let mut out = Vec::new();
-        for entry in table.range(start..).map_err(store_err)? {
-            let (k, v) = entry.map_err(store_err)?;
+        for entry in table.range(start..).map_err(table_err)? {
+            let (k, v) = entry.map_err(table_err)?;
             let key = k.value();
             if Some(key) == after {
                 continue;
@@ -237,9 +237,9 @@ impl RedbTable {
     }
 
     fn upload_token_blocking(db: &Database, upload: &str) -> Result<Option<u64>, TableError> {
-        let txn = db.begin_read().map_err(store_err)?;
-        let table = txn.open_table(UPLOADS).map_err(store_err)?;
-        Ok(table.get(upload).map_err(store_err)?.map(|v| v.value()))
+        let txn = db.begin_read().map_err(table_err)?;
+        let table = txn.open_table(UPLOADS).map_err(table_err)?;
+        Ok(table.get(upload).map_err(table_err)?.map(|v| v.value()))
     }
 
     fn forget_upload_blocking(db: &Database, upload: &str) -> Result<(), redb::Error> {
@@ -254,7 +254,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, TableError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| TableError(format!("store task failed: {e}")))?
+        .map_err(|e| TableError(format!("fence table task failed: {e}")))?
 }
 
 impl FenceTable for RedbTable {
@@ -360,7 +360,7 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         let e = RedbTable::open(&path)
             .err()
-            .expect("an empty store must not open");
+            .expect("an empty fence table must not open");
         assert!(e.0.contains("empty"), "{e}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     }

@@ -46,7 +46,7 @@ const HEAD_NEEDS: &[&str] = &[
 ];
 
 impl Proxy {
-    /// Phase 6b: a write that replaces or deletes its object holds it
+    /// Phase 7: a write that replaces or deletes its object holds it
     /// (alone when it has conditions, shared otherwise), and its
     /// conditions are judged under the hold, on the object as the backend
     /// has it now. The hold is kept until the write's exchange is over.
@@ -81,7 +81,7 @@ impl Proxy {
         Ok(Arc::new(hold))
     }
 
-    /// The common case of phase 6b, without an await: a request that
+    /// The common case of phase 7, without an await: a request that
     /// changes no object holds none, and an unconditional write shares its
     /// object at once when nothing conditional is near it. `None`: the
     /// request takes [`Proxy::hold_object`].

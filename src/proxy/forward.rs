@@ -1,4 +1,4 @@
-//! Phase 8, the upstream exchange, and when a write lets go of its place in
+//! Phase 9, the upstream exchange, and when a write lets go of its place in
 //! the ordering barrier (CONTRACT §4; docs/how-it-works.md).
 //!
 //! A write's permits are released on the backend's final word only: when

@@ -9,7 +9,7 @@
 //! | 3 | classify | `head.rs::classify` | operation, bucket, key and copy source, each in the one form that is fenced *and* forwarded (`s3::names`) |
 //! | 4 | authorize | `head.rs::authorize` | the credential may use the bucket(s), administer it for bucket writes, and a session credential's scope holds |
 //! | 5 | token | `token.rs::token` | the fencing token from a signed carrier, the session credential, or the multipart upload it belongs to |
-//! | 6 | route | `route.rs::route` | where it is served: here through `fence.rs::fence` (resource from the rules; the gate's check, durable raise and ordering barrier), or at the owner (`to_owner.rs::to_owner`), or at a peer when cut off from etcd (`to_owner.rs::relay`) |
+//! | 6 | route | `route.rs::route` | where it is served: here through `admit_here.rs::admit_here` (resource from the rules; the gate's check, durable raise and ordering barrier), or at the owner (`to_owner.rs::to_owner`), or at a peer when cut off from etcd (`to_owner.rs::relay`) |
 //! | 7 | hold | `conditional.rs::hold_object` | a write that replaces or deletes its object holds it; its conditions are judged under the hold (CONTRACT §8). In cluster mode an unconditional write's hold is put by its admission |
 //! | 8 | upstream request | `outgoing.rs::upstream_request`, then `per_op.rs::per_op` | the body pipeline (behind the body gate) and the headers the backend gets, token stamped; what one operation adds (a condition made to hold on the backend, a fenced copy, CreateBucket, DeleteObjects) |
 //! | 9 | forward | `forward.rs::forward` | the exchange, in a task that keeps the write's permits until the answer is complete, even if the client leaves; a quarantine when the answer is lost after a complete body |
@@ -35,9 +35,9 @@
 //! backend allows a browser's origin), and one log event per request is
 //! written there at the end.
 
+mod admit_here;
 mod conditional;
 mod copy;
-mod fence;
 mod forward;
 mod head;
 mod multi_delete;
@@ -152,7 +152,7 @@ struct Admitted<'a> {
     hold: Arc<ObjectHold>,
 }
 
-/// The outcome of the fence phase.
+/// The outcome of phase 6's admission here (`admit_here.rs`).
 struct Fenced {
     resource: Option<String>,
     token: Option<u64>,

@@ -1,4 +1,4 @@
-//! Phase 7, the upstream request: which headers the backend gets (token
+//! Phase 8, the upstream request: which headers the backend gets (token
 //! stamped, fencegate's own parameters removed) and the body pipeline for
 //! each payload form (verify, hold back the last frame, re-encode).
 

@@ -1,4 +1,4 @@
-//! Phase 7b: what an operation adds to its upstream request, in one
+//! Phase 8, its second part: what an operation adds to its upstream request, in one
 //! `match`: a conditional write made to hold on any backend
 //! (`conditional.rs`), a fenced copy that keeps its source's metadata
 //! (`copy.rs`), CreateBucket's location as the backend's region
@@ -28,7 +28,7 @@ pub(super) struct Exchange {
 }
 
 impl Exchange {
-    /// The request's own admission and hold, as phase 6 left them.
+    /// The request's own admission and hold, as phases 6 and 7 left them.
     pub(super) fn of(admitted: &Admitted) -> Exchange {
         Exchange {
             permits: admitted.fenced.permit.iter().cloned().collect(),
@@ -38,7 +38,7 @@ impl Exchange {
     }
 }
 
-/// The outcome of phase 7b.
+/// The outcome of the second part of phase 8.
 pub(super) enum Prepared {
     /// To the backend, holding this.
     Forward(Exchange),
@@ -48,7 +48,7 @@ pub(super) enum Prepared {
 }
 
 impl Proxy {
-    /// Whether phase 7b has anything to do for this request (most have
+    /// Whether the second part of phase 8 has anything to do for this request (most have
     /// nothing, and skip its future).
     pub(super) fn per_op_needed(&self, admitted: &Admitted) -> bool {
         match admitted.op.op {
@@ -61,7 +61,7 @@ impl Proxy {
     /// The operations that `fence.conditional_writes` sends with a
     /// condition on their object as admitted. The gate's
     /// [`Kind::Conditioned`](crate::fence::gate::Kind) is chosen by the
-    /// same rule (`fence.rs`).
+    /// same rule (`admit_here.rs`).
     pub(super) fn conditions_on_backend(&self, op: Op) -> bool {
         let per_object = matches!(
             op,
@@ -98,7 +98,7 @@ impl Proxy {
         marked.map_err(|r| S3Error::from_refusal(r, resource))
     }
 
-    /// Phase 7b (see the module doc).
+    /// Phase 8, its second part (see the module doc).
     pub(super) async fn per_op(
         &self,
         ctx: &mut RequestCtx,

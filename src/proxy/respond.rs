@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::Response;
 
 impl Proxy {
-    /// Phase 9: the backend's answer to the client.
+    /// Phase 10: the backend's answer to the client.
     pub(super) async fn respond(
         &self,
         resp: Response<ProxyBody>,

@@ -1,5 +1,5 @@
 //! Phase 6 of a request (`Proxy::process`), the route: where the request
-//! is served. Here, admitted by the fence (`fence.rs`); or, in cluster
+//! is served. Here, admitted through the gate (`admit_here.rs`); or, in cluster
 //! mode with owners, by the replica that owns its resource, the request
 //! sent there (`to_owner.rs`) and its answer passed back; or, by a replica
 //! cut off from etcd, by a peer it relays the request to. An owner that
@@ -92,7 +92,7 @@ impl Proxy {
         op: &Operation,
         unconditional: bool,
     ) -> Result<Route, S3Error> {
-        let mut fenced = match self.fence(ctx, op, ctx.token, unconditional).await {
+        let mut fenced = match self.admit_here(ctx, op, ctx.token, unconditional).await {
             Ok(fenced) => fenced,
             Err(e) => {
                 let Some(peer) = self.relay_to(ctx, &e) else {
@@ -139,7 +139,7 @@ impl Proxy {
                         Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
                     }
                 }
-                fenced = self.fence(ctx, op, ctx.token, unconditional).await?;
+                fenced = self.admit_here(ctx, op, ctx.token, unconditional).await?;
             }
             Ok(Route::Here(fenced, body))
         })

@@ -11,7 +11,8 @@ use http::request::Parts;
 
 impl Proxy {
     /// Phase 5: the request's token, from a carrier its signature covers,
-    /// or inherited from the multipart upload it belongs to.
+    /// from its session credential, or inherited from the multipart upload
+    /// it belongs to.
     pub(super) async fn token(
         &self,
         ctx: &mut RequestCtx,

@@ -177,10 +177,10 @@ impl Store {
 
     /// [`Store::in_read_txn`] on this thread, with no hop to a blocking
     /// thread and back: for a point lookup (one record, and at most
-    /// `READ_WITH_RECORD` bytes of blob), which on a warm index and page
-    /// cache takes a few microseconds, less than the two context switches
-    /// of the hop (BENCHMARKS log, "Cores"). A cold page blocks this
-    /// thread for one disk read. `None` while the index must be opened
+    /// `READ_HERE` bytes of blob, `read.rs`), which on a warm index and
+    /// page cache takes a few microseconds, less than the two context
+    /// switches of the hop (BENCHMARKS log, "Cores"). Cold pages block
+    /// this thread for the disk reads of one B-tree lookup and one blob. `None` while the index must be opened
     /// again after a disk error, which is left to a blocking thread.
     fn in_read_txn_here<T>(
         &self,

@@ -44,7 +44,7 @@
 //!   With owners, an object of a fenced resource is held by its owner, in
 //!   memory: only holds on objects outside any fenced resource are in
 //!   etcd.
-//! - `store.rs` makes the fences and the open uploads' tokens a
+//! - `table.rs` makes the fences and the open uploads' tokens a
 //!   `FenceTable` (the admin API's listing, `fences import`, multipart
 //!   uploads).
 //!
@@ -154,7 +154,7 @@ pub struct Cluster {
     /// Replicas whose lease has ended, and a count bumped at each.
     departed: dashmap::DashMap<String, ()>,
     departures: tokio::sync::watch::Sender<u64>,
-    /// Open uploads' tokens read or put here (`store.rs`).
+    /// Open uploads' tokens read or put here (`table.rs`).
     upload_tokens: dashmap::DashMap<String, u64>,
     /// The data directory's lock, held while the process runs
     /// (`incarnation.rs`); none for tools.

@@ -25,8 +25,10 @@
 //! and a hint of the fence.
 
 mod cluster;
+mod outcome;
 mod owned;
 
+pub use outcome::{Admission, Refusal};
 pub use owned::Predecessors;
 
 use super::cluster::{Cluster, Registration, Tenure};
@@ -52,59 +54,6 @@ pub enum Mode<'a> {
     /// Cluster mode without owners (`cluster.rs`): every write is admitted
     /// in etcd, at any replica.
     PerWrite(&'a Arc<Cluster>),
-}
-
-/// Why a request was not admitted.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    #[error("fencing token {token} is below the highest recorded token {highest}")]
-    Stale { token: u64, highest: u64 },
-    #[error("older writes with a lower token are still finishing upstream")]
-    Busy,
-    /// Cluster mode: the object's hold, put by the admission, waited for
-    /// other writes of the object past the bound.
-    #[error("other writes to {0} are still in progress")]
-    Held(String),
-    #[error(transparent)]
-    Table(#[from] TableError),
-    /// Cluster mode: etcd cannot be asked now, so nothing is admitted.
-    #[error("the shared fence table cannot be reached: {0}")]
-    Unavailable(String),
-    /// Cluster mode with owners: this replica's tenure on the resource
-    /// ended while admitting (it is tried again).
-    #[error("this replica's tenure on the resource ended")]
-    TenureLost,
-    /// Cluster mode with owners: the owner's in-flight marker must be put
-    /// back before this write is admitted (`owned.rs`, "Markers"). Never
-    /// leaves the gate: the admission puts it and tries again.
-    #[error("the resource's in-flight marker is being put back")]
-    Unmarked,
-    /// Cluster mode with owners: a write of the resource's previous owner,
-    /// which died, may still land at the backend for this long: nothing
-    /// is admitted before (`owned.rs`).
-    #[error("a write of the resource's previous owner may still land for {0:?}")]
-    Landing(std::time::Duration),
-}
-
-/// Where a request was admitted.
-pub enum Admission {
-    /// Here: a permit for a write, none for a read.
-    Here(Option<Permit>),
-    /// Cluster mode with owners: nowhere yet, because another replica (its
-    /// name) owns the resource at this epoch; the proxy forwards the
-    /// request there (`proxy/to_owner.rs`).
-    Owner(String, i64),
-}
-
-impl Admission {
-    /// The permit of a request admitted here (`None` for a read, or when
-    /// another replica owns the resource).
-    pub fn permit(self) -> Option<Permit> {
-        match self {
-            Admission::Here(p) => p,
-            Admission::Owner(..) => None,
-        }
-    }
 }
 
 /// Whether the admitted request is tracked in flight.

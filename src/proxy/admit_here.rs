@@ -1,4 +1,4 @@
-//! The fence, the step of phase 6 (`route.rs`) that admits a request
+//! Admission here, the step of phase 6 (`route.rs`) that admits a request
 //! here: its resource from the rules, and its admission through the gate
 //! (check, durable raise, ordering barrier). In cluster mode without
 //! owners one etcd round trip both admits the write and shares its
@@ -26,7 +26,7 @@ impl Proxy {
     /// Phase 6: admission through the gate. An unconditional write that
     /// replaces or deletes its object shares the object's hold in the same
     /// step where that saves a round trip (cluster mode).
-    pub(super) async fn fence(
+    pub(super) async fn admit_here(
         &self,
         ctx: &mut RequestCtx,
         op: &Operation,
