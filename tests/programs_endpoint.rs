@@ -16,9 +16,7 @@
 
 mod common;
 
-use common::jobs::{
-    Rig, access_key_of, random_files, rclone_env, rclone_sync, venv_bin, writes_landed,
-};
+use common::jobs::{Rig, access_key_of, random_files, rclone_env, venv_bin, writes_landed};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -119,21 +117,8 @@ fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
     // The zombie: a sync paused past its lock, the next holder's sync,
     // and the paused one resumed: nothing of it lands, and the mirror is
     // the next holder's copy.
-    random_files(&rig.path("src-a"), 6, 300_000);
-    random_files(&rig.path("src-b"), 3, 1000);
-    let from = rig.log_len();
-    let a = rig.spawn(
-        "a2",
-        "demo/mirror/",
-        &rclone_sync("src-a", "--transfers 1 --bwlimit 300k"),
-        &env,
-    );
-    let put = ["method=PUT", "key=\"mirror/", "status=200"];
-    rig.wait_log(from, &put, 2, "A to copy two files");
-    rig.pause_past_its_lock(&a);
-    let a_lock = lock_in(&rig.log_lines(from, &put)[0]);
-    let (code, out) = rig.run("b", "demo/mirror/", &rclone_sync("src-b", ""), &env);
-    assert_eq!(code, 0, "{out}");
+    let (a, a_put) = rig.rclone_sync_overtaken("a2", &env);
+    let a_lock = lock_in(&a_put);
     zombie_lands_nothing(&rig, a, &a_lock);
     let check = "exec rclone check src-b fg:demo/mirror";
     let (code, out) = rig.run("check2", "demo/mirror/", check, &env);

@@ -180,8 +180,9 @@ impl Store {
     /// `READ_HERE` bytes of blob, `read.rs`), which on a warm index and
     /// page cache takes a few microseconds, less than the two context
     /// switches of the hop (BENCHMARKS log, "Cores"). Cold pages block
-    /// this thread for the disk reads of one B-tree lookup and one blob. `None` while the index must be opened
-    /// again after a disk error, which is left to a blocking thread.
+    /// this thread for the disk reads of one B-tree lookup and one blob.
+    /// `None` while the index must be opened again after a disk error,
+    /// which is left to a blocking thread.
     fn in_read_txn_here<T>(
         &self,
         f: impl FnOnce(&ReadTransaction) -> Result<T, S3Error>,

@@ -203,6 +203,25 @@ impl Rig {
         (code, out)
     }
 
+    /// The rclone zombie's start: job `name` syncs `src-a` (six files of
+    /// 300 KB, slowly) to `demo/mirror/` and is paused past its lock once
+    /// two landed; then the next holder syncs `src-b` (three small files)
+    /// over it. The paused job, and the log line of its first PUT.
+    pub fn rclone_sync_overtaken(&self, name: &str, env: &[(&str, String)]) -> (Job, String) {
+        random_files(&self.path("src-a"), 6, 300_000);
+        random_files(&self.path("src-b"), 3, 1000);
+        let from = self.log_len();
+        let slow = rclone_sync("src-a", "--transfers 1 --bwlimit 300k");
+        let a = self.spawn(name, "demo/mirror/", &slow, env);
+        let put = ["method=PUT", "key=\"mirror/", "status=200"];
+        self.wait_log(from, &put, 2, "A to copy two files");
+        self.pause_past_its_lock(&a);
+        let first_put = self.log_lines(from, &put).swap_remove(0);
+        let (code, out) = self.run("b", "demo/mirror/", &rclone_sync("src-b", ""), env);
+        assert_eq!(code, 0, "{out}");
+        (a, first_put)
+    }
+
     /// Waits until `n` log lines from `from` on contain `parts`.
     pub fn wait_log(&self, from: usize, parts: &[&str], n: usize, what: &str) {
         super::wait_until(60, what, || self.log_lines(from, parts).len() >= n);
