@@ -348,7 +348,7 @@ fn bench(b: fencegate::bench::BenchArgs) -> ExitCode {
     let threads = match &b.command {
         Some(BenchCommand::Sink(s)) => s.threads.max(1),
         Some(BenchCommand::Store(s)) => s.threads.max(1),
-        Some(BenchCommand::Relay(_)) => 2,
+        Some(BenchCommand::Relay(r)) => r.threads.max(1),
         None => b.load.threads.max(1),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -34,6 +34,9 @@ pub struct RelayArgs {
     /// one its hash picks.
     #[arg(long = "to", required = true)]
     pub to: Vec<SocketAddr>,
+    /// Runtime worker threads (scripts/bench-cores gives one a core).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
 }
 
 /// The owner among `n` of `path`: FNV-1a of the path, modulo `n`.
