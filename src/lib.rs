@@ -196,6 +196,9 @@
 //!   `--credentials-endpoint` (credentials served as the AWS container
 //!   credentials, renewed while the lock is held); `eager.rs` raises a
 //!   fence when its lock's holder goes.
+//! - [`workers`] (→ upstream): the serving threads, one a core by
+//!   default, each a single-threaded runtime serving the connections
+//!   `server` hands it, with its own list in the upstream pool.
 //! - [`server`] (→ everything above): start-up (fence table, gate, backend,
 //!   services) apart from serving (listener, connection limit, handler,
 //!   graceful shutdown).
@@ -242,3 +245,4 @@ pub mod store;
 pub mod tls;
 pub mod upstream;
 pub mod utc;
+pub mod workers;

@@ -2,7 +2,8 @@
 //! store, starts the backend (the embedded store or a remote one) and builds
 //! the S3 and admin services; [`serve`] takes the bound [`Listeners`] and a
 //! shutdown future, accepts through a `Listener` (connection limit) and
-//! serves each connection through a `Handler` (TLS, idle timeout, HTTP/1),
+//! serves each connection through a `Handler` (TLS, idle timeout, HTTP/1)
+//! on one of the serving threads (`workers`),
 //! then drains in-flight requests. [`run`] is the two with SIGINT/SIGTERM.
 
 use crate::admin::Admin;
@@ -18,6 +19,7 @@ use crate::upstream::client::Upstream;
 use crate::upstream::embedded;
 use crate::upstream::probe::Probe;
 use crate::upstream::target::BackendTarget;
+use crate::workers::Workers;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -130,7 +132,7 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
         .admin
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
-    tracing::info!(%s3_addr, %admin_addr, backend = %services.backend_desc, kind = ?cfg.backend.kind, "fencegate started");
+    tracing::info!(%s3_addr, %admin_addr, backend = %services.backend_desc, kind = ?cfg.backend.kind, threads = services.workers.threads(), "fencegate started");
     // One machine-readable line on stdout, for scripts and tests.
     let scheme = if services.tls.is_some() {
         "https"
@@ -177,6 +179,8 @@ pub struct Services {
     pub tls: Option<TlsAcceptor>,
     /// The backend, for the start-up log line.
     pub backend_desc: String,
+    /// The threads that serve S3 connections.
+    pub workers: Workers,
 }
 
 /// Start-up: the fence table and gate, the metrics recorder, eager fencing,
@@ -235,11 +239,15 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
             default_ttl_secs: cfg.sessions.default_ttl_secs,
         }),
     });
+    let threads = crate::workers::count(cfg.server.threads);
+    let workers = Workers::start(threads)
+        .map_err(|e| StartError(format!("cannot start {threads} serving threads: {e}")))?;
     Ok(Services {
         proxy,
         admin,
         tls,
         backend_desc,
+        workers,
     })
 }
 
@@ -338,6 +346,7 @@ pub async fn serve(
         http: http.clone(),
         tls: services.tls,
         idle_timeout,
+        workers: services.workers,
     };
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -430,13 +439,15 @@ impl Listener {
     }
 }
 
-/// Serves accepted S3 connections, each in a task of its own.
+/// Serves accepted S3 connections, each in a task of its own on the
+/// serving thread that has the fewest.
 struct Handler {
     proxy: Arc<Proxy>,
     http: http1::Builder,
     tls: Option<TlsAcceptor>,
     /// Bounds the TLS handshake, like a header section.
     idle_timeout: Duration,
+    workers: Workers,
 }
 
 impl Handler {
@@ -449,28 +460,37 @@ impl Handler {
             let proxy = proxy.clone();
             async move { Ok::<_, Infallible>(proxy.handle(req).await) }
         });
-        metrics::gauge!(m::CONNECTIONS).increment(1.0);
         let Connection { sock, slot } = conn;
+        // Registered again on the serving thread's runtime, whose driver
+        // then wakes that thread alone.
+        let Ok(sock) = sock.into_std() else { return };
         let watcher = graceful.watcher();
         let http = self.http.clone();
         let tls = self.tls.clone();
         let idle_timeout = self.idle_timeout;
-        tokio::spawn(async move {
-            match tls {
-                None => {
-                    let conn = http.serve_connection(TokioIo::new(sock), svc);
-                    let _ = watcher.watch(conn).await;
-                }
-                Some(acceptor) => {
-                    let handshake = acceptor.accept(sock);
-                    if let Ok(Ok(stream)) = tokio::time::timeout(idle_timeout, handshake).await {
-                        let conn = http.serve_connection(TokioIo::new(stream), svc);
-                        let _ = watcher.watch(conn).await;
+        self.workers.run(move |place| {
+            tokio::spawn(async move {
+                metrics::gauge!(m::CONNECTIONS).increment(1.0);
+                if let Ok(sock) = TcpStream::from_std(sock) {
+                    match tls {
+                        None => {
+                            let conn = http.serve_connection(TokioIo::new(sock), svc);
+                            let _ = watcher.watch(conn).await;
+                        }
+                        Some(acceptor) => {
+                            let handshake = acceptor.accept(sock);
+                            if let Ok(Ok(stream)) =
+                                tokio::time::timeout(idle_timeout, handshake).await
+                            {
+                                let conn = http.serve_connection(TokioIo::new(stream), svc);
+                                let _ = watcher.watch(conn).await;
+                            }
+                        }
                     }
                 }
-            }
-            metrics::gauge!(m::CONNECTIONS).decrement(1.0);
-            drop(slot);
+                metrics::gauge!(m::CONNECTIONS).decrement(1.0);
+                drop((slot, place));
+            });
         });
     }
 }

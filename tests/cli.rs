@@ -30,6 +30,7 @@ fn bad_config_exits_2_naming_the_field() {
             "rules[0].resource",
         ),
         ("[server]\nlisten = \"0.0.0.0:9000\"\n", "server.listen"),
+        ("[server]\nthreads = 5000\n", "server.threads"),
     ];
     for (config, field) in cases {
         let (code, stderr) = run_with_config(config, &[]);

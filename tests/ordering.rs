@@ -1,7 +1,8 @@
 //! The ordering barrier of CONTRACT §4, against a backend that stalls:
 //! a newer write is not forwarded while an older one with a complete body is
 //! still being answered; an older one still streaming is aborted and never
-//! lands; past the wait bound the newer one gets 503 SlowDown.
+//! lands; past the wait bound the newer one gets 503 SlowDown. The first
+//! holds with the writes on two serving threads and on one.
 
 mod common;
 
@@ -35,9 +36,23 @@ async fn start_stalled_33(be: &TestBackend, raw: &Arc<RawClient>) -> Pending {
 
 #[tokio::test]
 async fn newer_write_waits_for_older_write_with_complete_body() {
+    newer_write_waits("").await;
+}
+
+/// The two writes' connections on two serving threads (each new connection
+/// goes to the thread with the fewest), and both on one: the barrier holds
+/// across threads, and a write waiting on the same thread as the older one
+/// does not hold that thread up.
+#[tokio::test]
+async fn the_barrier_holds_across_serving_threads_and_on_one() {
+    newer_write_waits("threads = 4\n").await;
+    newer_write_waits("threads = 1\n").await;
+}
+
+async fn newer_write_waits(server_lines: &str) {
     let be = TestBackend::start().await;
     be.stall_after_body(33);
-    let fg = Fencegate::start(be.as_fencegate_backend(), "");
+    let fg = Fencegate::start_with(be.as_fencegate_backend(), server_lines, "");
     let raw = Arc::new(RawClient::new(&fg.endpoint()));
 
     let r33 = start_stalled_33(&be, &raw).await;

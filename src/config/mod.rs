@@ -136,6 +136,10 @@ pub struct ServerConfig {
     pub anonymous_reads: bool,
     /// Most S3 connections open at once; more are answered 503 SlowDown.
     pub max_connections: usize,
+    /// Threads serving S3 connections, each a single-threaded runtime
+    /// that keeps a connection and its requests to itself; 0 is one a core
+    /// the process may run on.
+    pub threads: usize,
     /// How long a connection may take to send a request's header section
     /// (and, between requests, stay idle) before it is closed.
     pub idle_timeout_ms: u64,
@@ -365,6 +369,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             anonymous_reads: false,
             max_connections: 1024,
+            threads: 0,
             idle_timeout_ms: 60_000,
             request_timeout_ms: 60_000,
             admin_token: None,

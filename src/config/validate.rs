@@ -31,6 +31,12 @@ pub(super) fn server(server: &ServerConfig) -> Result<(), ConfigError> {
     if server.max_connections == 0 {
         return Err(err("server.max_connections", "must be greater than 0"));
     }
+    if server.threads > 1024 {
+        return Err(err(
+            "server.threads",
+            "must be at most 1024 (0: one a core)",
+        ));
+    }
     if server.idle_timeout_ms == 0 {
         return Err(err("server.idle_timeout_ms", "must be greater than 0"));
     }

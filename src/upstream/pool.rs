@@ -17,6 +17,10 @@
 //!   one that was sent, even in part, is never sent twice.
 //! - Connections idle for longer than `idle` are closed when the list is
 //!   next looked at; the list never keeps more than `MAX_KEPT`.
+//! - Each serving thread (`workers`) has a list of its own: a connection
+//!   is driven by a task on the thread that opened it, and only that
+//!   thread sends on it again, so no request wakes another thread. The
+//!   other threads (the main runtime's) share list 0.
 
 use crate::s3::error::S3Error;
 use bytes::Bytes;
@@ -25,6 +29,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service;
@@ -35,17 +40,34 @@ pub type UpstreamBody = UnsyncBoxBody<Bytes, S3Error>;
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Sender = http1::SendRequest<UpstreamBody>;
+/// Kept connections: (last used, connection), most recently used last.
+type List = Mutex<Vec<(Instant, Sender)>>;
 
 /// More connections than this are closed after their answer rather than
 /// kept.
 const MAX_KEPT: usize = 1024;
 
+/// Lists of kept connections: one a serving thread (more threads than this
+/// share lists, modulo).
+const LISTS: usize = 64;
+
+thread_local! {
+    /// The list of the thread: its serving thread's number, or 0.
+    static LIST: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Makes the calling thread use list `i` of every pool (`workers` calls it
+/// once a serving thread).
+pub fn set_thread_slot(i: usize) {
+    LIST.with(|l| l.set(i % LISTS));
+}
+
 pub struct Pool {
     connector: Connector,
     endpoint: Uri,
     idle: Duration,
-    /// (last used, connection), most recently used last.
-    kept: Mutex<Vec<(Instant, Sender)>>,
+    /// A list a thread (`LIST`).
+    kept: Box<[List]>,
 }
 
 /// Why a request got no answer.
@@ -67,7 +89,7 @@ impl Pool {
             connector,
             endpoint,
             idle,
-            kept: Mutex::new(Vec::new()),
+            kept: (0..LISTS).map(|_| Mutex::new(Vec::new())).collect(),
         }
     }
 
@@ -133,7 +155,7 @@ impl Pool {
     /// The most recently used ready connection, if any; drops closed and
     /// expired ones on the way. The lock covers a scan of the list.
     fn checkout(&self) -> Option<Sender> {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.list().lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let expired = |used: Instant, s: &Sender| s.is_ready() && now - used > self.idle;
         kept.retain(|(used, s)| !(s.is_closed() || expired(*used, s)));
@@ -141,8 +163,13 @@ impl Pool {
         Some(kept.remove(i).1)
     }
 
+    /// The calling thread's list.
+    fn list(&self) -> &List {
+        &self.kept[LIST.with(Cell::get)]
+    }
+
     fn keep(&self, sender: Sender) {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.list().lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() < MAX_KEPT {
             kept.push((Instant::now(), sender));
         }
@@ -266,5 +293,57 @@ mod tests {
             assert_eq!(get(&pool, &endpoint).await, 200);
         }
         assert_eq!(accepted.load(Ordering::SeqCst), opened);
+    }
+
+    /// Two serving threads, each on a runtime of its own, each reuse the
+    /// connection they opened, and never the other's, even while both are
+    /// kept and ready.
+    #[tokio::test]
+    async fn each_serving_thread_reuses_its_own_connections() {
+        let (endpoint, accepted) = backend(false).await;
+        let pool = Arc::new(pool(endpoint.clone()));
+        // gets, then (when given) waits for `go` and gets again, its
+        // runtime running meanwhile.
+        let on_thread = |slot: usize, go: Option<tokio::sync::oneshot::Receiver<()>>| {
+            let (pool, endpoint) = (pool.clone(), endpoint.clone());
+            let (done, done_rx) = tokio::sync::oneshot::channel();
+            let thread = std::thread::spawn(move || {
+                set_thread_slot(slot);
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let gets = || async {
+                        for _ in 0..5 {
+                            assert_eq!(get(&pool, &endpoint).await, 200);
+                            tokio::task::yield_now().await;
+                        }
+                    };
+                    gets().await;
+                    done.send(()).unwrap();
+                    if let Some(go) = go {
+                        go.await.unwrap();
+                        gets().await;
+                    }
+                })
+            });
+            (thread, done_rx)
+        };
+        // The test's own runtime serves the backend: it is never blocked.
+        let join = |t: std::thread::JoinHandle<()>| tokio::task::spawn_blocking(move || t.join());
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let (first, done) = on_thread(1, Some(wait));
+        done.await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // The first thread's connection is kept and ready; the second
+        // thread's list is empty, so it opens its own.
+        let (second, done) = on_thread(2, None);
+        done.await.unwrap();
+        join(second).await.unwrap().unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        go.send(()).unwrap();
+        join(first).await.unwrap().unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }
