@@ -72,6 +72,7 @@ use hyper::body::Incoming;
 use per_op::{Exchange, Prepared};
 use route::Route;
 use small_body::read_small_body;
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -103,7 +104,6 @@ pub struct Proxy {
     session_fencing_off: bool,
     /// Cluster mode with owners: the other replicas (`peers.rs`).
     peers: Option<Arc<peers::Peers>>,
-    next_id: AtomicU64,
     id_prefix: u32,
 }
 
@@ -192,6 +192,25 @@ pub(crate) fn unsafe_switch(name: &str, what: &str) -> bool {
     on
 }
 
+/// A number for the next request on this thread, unique in the process.
+/// Each thread takes a block of numbers from a shared counter once, and
+/// counts within it: nothing shared is written per request.
+fn request_number() -> u64 {
+    const BLOCK: u64 = 1 << 32;
+    static BLOCKS: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static NEXT: Cell<u64> = const { Cell::new(0) };
+    }
+    NEXT.with(|next| {
+        let mut n = next.get();
+        if n % BLOCK == 0 {
+            n = BLOCKS.fetch_add(1, Ordering::Relaxed) * BLOCK + 1;
+        }
+        next.set(n + 1);
+        n
+    })
+}
+
 /// A header name from the configuration, which `config::validate` checked.
 fn header_name(name: &str) -> http::HeaderName {
     http::HeaderName::from_bytes(name.as_bytes()).expect("a validated header name")
@@ -240,13 +259,12 @@ impl Proxy {
                 "the token of session credentials",
             ),
             peers,
-            next_id: AtomicU64::new(1),
             id_prefix: rand::random(),
         })
     }
 
     fn request_id(&self) -> String {
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let n = request_number();
         // `{:08X}{:08X}` of the prefix and the count, without `format!`.
         let digits = 8.max(16 - n.leading_zeros() as usize / 4);
         let mut id = [0u8; 24];
@@ -437,5 +455,27 @@ impl RequestCtx {
             elapsed: self.started.elapsed(),
             warn: self.decision == "stale",
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_number;
+    use std::collections::HashSet;
+
+    /// Request numbers from many threads, each counting in its own block,
+    /// never repeat.
+    #[test]
+    fn request_numbers_are_unique_across_threads() {
+        let threads: Vec<_> = (0..8)
+            .map(|_| std::thread::spawn(|| (0..1000).map(|_| request_number()).collect::<Vec<_>>()))
+            .collect();
+        let mut seen = HashSet::new();
+        for t in threads {
+            for n in t.join().unwrap() {
+                assert!(seen.insert(n), "{n} twice");
+            }
+        }
+        assert_eq!(seen.len(), 8000);
     }
 }
