@@ -68,8 +68,11 @@
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
 //! - [`utc`]: calendar dates from Unix seconds (SigV4 dates, log lines).
-//! - [`log_buffer`]: log lines on their way to stderr, written out in
-//!   batches by a thread of their own.
+//! - [`per_thread`]: which serving thread the caller is, for what is kept
+//!   in a piece a thread (the pool's kept connections, the log's buffer).
+//! - [`log_buffer`] (→ per_thread): log lines on their way to stderr,
+//!   appended to the serving thread's own buffer, written out in batches
+//!   by a thread of their own.
 //! - [`access_log`] (→ utc, log_buffer): the request line, formatted by hand.
 //!
 //! - [`access`] (→ config): how etcd, ZooKeeper, Redis and PostgreSQL are
@@ -130,11 +133,12 @@
 //! - [`s3::xml`]: the backend's XML answers fencegate reads.
 //! - [`s3::error`]: one error enum, rendered as S3 XML in one place.
 //!
-//! The backend (→ s3, store, body, tls, metric_names):
+//! The backend (→ s3, store, body, tls, metric_names, per_thread):
 //!
 //! - [`upstream::client`]: forwarding over hyper, re-signed by `s3::sign`,
 //!   or in-process to the embedded store; [`upstream::pool`]: the kept
-//!   connections to the backend, and the body sent on them.
+//!   connections to the backend (a list a serving thread), and the body
+//!   sent on them.
 //! - [`upstream::embedded`]: the embedded store called in-process, the
 //!   default backend (and served alone on a socket for `bench store`).
 //! - [`upstream::target`] (a leaf): where and as whom fencegate reaches the
@@ -196,7 +200,7 @@
 //!   `--credentials-endpoint` (credentials served as the AWS container
 //!   credentials, renewed while the lock is held); `eager.rs` raises a
 //!   fence when its lock's holder goes.
-//! - [`workers`] (→ upstream): the serving threads, one a core by
+//! - [`workers`] (→ per_thread): the serving threads, one a core by
 //!   default, each a single-threaded runtime serving the connections
 //!   `server` hands it, with its own list in the upstream pool.
 //! - [`server`] (→ everything above): start-up (fence table, gate, backend,
@@ -237,6 +241,7 @@ pub mod fence;
 pub mod locks;
 pub mod log_buffer;
 pub mod metric_names;
+pub mod per_thread;
 pub mod proxy;
 pub mod redb_file;
 pub mod s3;

@@ -1,19 +1,24 @@
-//! Where log lines go on their way to stderr: a buffer in memory that a
-//! thread of its own writes out every `LINGER`, or at once when it holds
-//! `HIGH` bytes. A request appends its line under a mutex (a copy of a few
-//! hundred bytes) and goes on: no system call, and no thread woken per
-//! line. A channel with a writer thread woken per line (tracing-appender)
-//! cost about 3.5 µs of CPU per request at 20,000 requests a second, in
-//! futex wake-ups and that thread's sleeps and wakes (BENCHMARKS.md, "CPU
-//! per request").
+//! Where log lines go on their way to stderr: buffers in memory that a
+//! thread of its own writes out every `LINGER`, or at once when they hold
+//! `HIGH` bytes. A request appends its line to its serving thread's own
+//! buffer (`per_thread`: a copy of a few hundred bytes under a lock no
+//! other serving thread takes) and goes on: no system call, no thread
+//! woken per line, and no memory another core writes. A channel with a
+//! writer thread woken per line (tracing-appender) cost about 3.5 µs of
+//! CPU per request at 20,000 requests a second, in futex wake-ups and that
+//! thread's sleeps and wakes (BENCHMARKS.md, "CPU per request"); one
+//! buffer for all threads had every core write the same memory.
 //!
 //! Never lossy: when stderr cannot keep up and `MAX` bytes wait, an append
 //! waits for the writer instead of dropping the line. Lines appear at most
-//! `LINGER` late; dropping the [`Guard`] (at the end of `main`) writes out
-//! what is left. A `kill -9` loses at most the last `LINGER` of lines.
-//! A leaf module.
+//! `LINGER` late, each thread's in the order it appended them (lines of two
+//! threads within one `LINGER` may swap); dropping the [`Guard`] (at the
+//! end of `main`) writes out what is left. A `kill -9` loses at most the
+//! last `LINGER` of lines.
 
+use crate::per_thread;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -32,20 +37,20 @@ pub struct LogBuffer {
 }
 
 struct Shared {
-    state: Mutex<State>,
+    /// A buffer a serving thread (`per_thread::index`).
+    bufs: Box<[Mutex<Vec<u8>>]>,
+    /// Bytes in all of `bufs`.
+    waiting: AtomicUsize,
+    /// The writer waits for a first line (and is the only wake-up an
+    /// append makes, with crossing `HIGH`). Read without `state`'s lock.
+    writer_idle: AtomicBool,
+    /// Whether the guard closed the buffer; the lock the two condvars
+    /// wait under.
+    state: Mutex<bool>,
     /// The writer waits here for `LINGER`, or for `HIGH` bytes, or close.
     to_writer: Condvar,
     /// Appenders wait here while `MAX` bytes wait.
     drained: Condvar,
-}
-
-#[derive(Default)]
-struct State {
-    buf: Vec<u8>,
-    closed: bool,
-    /// The writer waits for a first line (and is the only wake-up an
-    /// append makes, with crossing `HIGH`).
-    writer_idle: bool,
 }
 
 /// Stops the writer thread, after it has written out every line.
@@ -58,7 +63,12 @@ impl LogBuffer {
     /// Starts the writer thread, writing to `out`.
     pub fn start(out: impl Write + Send + 'static) -> std::io::Result<(LogBuffer, Guard)> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            bufs: (0..per_thread::LISTS)
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
+            waiting: AtomicUsize::new(0),
+            writer_idle: AtomicBool::new(false),
+            state: Mutex::new(false),
             to_writer: Condvar::new(),
             drained: Condvar::new(),
         });
@@ -75,58 +85,86 @@ impl LogBuffer {
 
     /// Appends `bytes` (whole lines) for the writer.
     pub fn append(&self, bytes: &[u8]) {
-        let mut st = self.shared.lock();
-        while st.buf.len() >= MAX && !st.closed {
-            st = (self.shared.drained)
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+        let sh = &*self.shared;
+        if sh.waiting.load(Ordering::SeqCst) >= MAX {
+            let mut closed = sh.lock_state();
+            while sh.waiting.load(Ordering::SeqCst) >= MAX && !*closed {
+                closed = sh.drained.wait(closed).unwrap_or_else(|p| p.into_inner());
+            }
         }
-        let before = st.buf.len();
-        st.buf.extend_from_slice(bytes);
-        let crossed_high = before < HIGH && st.buf.len() >= HIGH;
-        if std::mem::take(&mut st.writer_idle) || crossed_high {
-            self.shared.to_writer.notify_one();
+        lock(&sh.bufs[per_thread::index()]).extend_from_slice(bytes);
+        let before = sh.waiting.fetch_add(bytes.len(), Ordering::SeqCst);
+        let crossed_high = before < HIGH && before + bytes.len() >= HIGH;
+        // SeqCst with the writer's store of `writer_idle` before it looks
+        // at `waiting`: either it sees these bytes, or this sees it idle.
+        if crossed_high || sh.writer_idle.load(Ordering::SeqCst) {
+            let _state = sh.lock_state();
+            sh.writer_idle.store(false, Ordering::SeqCst);
+            sh.to_writer.notify_one();
         }
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_state(&self) -> MutexGuard<'_, bool> {
+        lock(&self.state)
+    }
+
+    /// Moves every buffer's lines to the end of `out`; returns how many
+    /// bytes.
+    fn take_all(&self, out: &mut Vec<u8>) -> usize {
+        let before = out.len();
+        for buf in &self.bufs {
+            let mut buf = lock(buf);
+            out.extend_from_slice(&buf);
+            buf.clear();
+        }
+        let taken = out.len() - before;
+        self.waiting.fetch_sub(taken, Ordering::SeqCst);
+        taken
     }
 }
 
 /// The writer thread: wait for a first line, then `LINGER` for more (or
-/// `HIGH` bytes), take them all, write them outside the lock, repeat; after
-/// close, write what is left and stop.
+/// `HIGH` bytes), take them all, write them, repeat; after close, write
+/// what is left and stop.
 fn write_out(shared: &Shared, mut out: impl Write) {
     let mut spare = Vec::new();
     loop {
         let closed = {
-            let mut st = shared.lock();
-            while st.buf.is_empty() && !st.closed {
-                st.writer_idle = true;
-                st = (shared.to_writer)
-                    .wait(st)
+            let mut closed = shared.lock_state();
+            while shared.waiting.load(Ordering::SeqCst) == 0 && !*closed {
+                shared.writer_idle.store(true, Ordering::SeqCst);
+                if shared.waiting.load(Ordering::SeqCst) != 0 {
+                    break;
+                }
+                closed = (shared.to_writer)
+                    .wait(closed)
                     .unwrap_or_else(|p| p.into_inner());
             }
-            st.writer_idle = false;
-            if st.buf.len() < HIGH && !st.closed {
-                st = (shared.to_writer)
-                    .wait_timeout(st, LINGER)
+            shared.writer_idle.store(false, Ordering::SeqCst);
+            if shared.waiting.load(Ordering::SeqCst) < HIGH && !*closed {
+                closed = (shared.to_writer)
+                    .wait_timeout(closed, LINGER)
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            std::mem::swap(&mut st.buf, &mut spare);
-            st.closed
+            *closed
         };
+        shared.take_all(&mut spare);
+        // Under the lock, so an appender that saw `MAX` is already waiting.
+        drop(shared.lock_state());
         shared.drained.notify_all();
         if !spare.is_empty() {
             // Nowhere to report a failed write to but stderr itself.
             let _ = out.write_all(&spare).and_then(|()| out.flush());
             spare.clear();
         }
-        if closed && shared.lock().buf.is_empty() {
+        if closed && shared.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
     }
@@ -153,7 +191,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
+        *self.shared.lock_state() = true;
         self.shared.to_writer.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -188,8 +226,9 @@ mod tests {
         }
     }
 
-    /// Four threads append 10 MB (twice `MAX`) into a slow output:
-    /// every line arrives, whole and in each thread's order.
+    /// Four threads, each with a buffer of its own as serving threads
+    /// have, append 10 MB (twice `MAX`) into a slow output: every line
+    /// arrives, whole and in each thread's order.
     #[test]
     fn nothing_is_lost_or_torn_when_the_output_is_slow() {
         let sink = Sink {
@@ -201,6 +240,7 @@ mod tests {
             .map(|t| {
                 let log = log.clone();
                 std::thread::spawn(move || {
+                    per_thread::set(t + 1);
                     for i in 0..25_000 {
                         let line = format!("{t} {i:06} {}\n", "x".repeat(80));
                         log.append(line.as_bytes());
@@ -225,11 +265,15 @@ mod tests {
         assert_eq!(next, [25_000; 4]);
     }
 
-    /// A line is written without any further line or the guard's drop.
+    /// A line is written without any further line or the guard's drop,
+    /// from a serving thread's buffer as from another thread's.
     #[test]
     fn a_lone_line_is_written_out() {
         let sink = Sink::default();
         let (log, _guard) = LogBuffer::start(sink.clone()).unwrap();
+        // The writer is waiting for a first line by now: the append must
+        // wake it.
+        std::thread::sleep(Duration::from_millis(100));
         log.append(b"one line\n");
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while sink.got.lock().unwrap().is_empty() {
@@ -237,5 +281,15 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(&*sink.got.lock().unwrap(), b"one line\n");
+        let log = log.clone();
+        std::thread::spawn(move || {
+            per_thread::set(3);
+            log.append(b"another\n");
+        });
+        while sink.got.lock().unwrap().len() < 17 {
+            assert!(std::time::Instant::now() < deadline, "never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(&*sink.got.lock().unwrap(), b"one line\nanother\n");
     }
 }

@@ -101,7 +101,7 @@ impl Thread {
         std::thread::Builder::new()
             .name(format!("fencegate-serve-{i}"))
             .spawn(move || {
-                crate::upstream::pool::set_thread_slot(i + 1);
+                crate::per_thread::set(i + 1);
                 runtime.block_on(async {
                     while let Some((job, place)) = rx.recv().await {
                         job(place);

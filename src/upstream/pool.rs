@@ -22,6 +22,7 @@
 //!   thread sends on it again, so no request wakes another thread. The
 //!   other threads (the main runtime's) share list 0.
 
+use crate::per_thread;
 use crate::s3::error::S3Error;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -29,7 +30,6 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
-use std::cell::Cell;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service;
@@ -47,26 +47,11 @@ type List = Mutex<Vec<(Instant, Sender)>>;
 /// kept.
 const MAX_KEPT: usize = 1024;
 
-/// Lists of kept connections: one a serving thread (more threads than this
-/// share lists, modulo).
-const LISTS: usize = 64;
-
-thread_local! {
-    /// The list of the thread: its serving thread's number, or 0.
-    static LIST: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Makes the calling thread use list `i` of every pool (`workers` calls it
-/// once a serving thread).
-pub fn set_thread_slot(i: usize) {
-    LIST.with(|l| l.set(i % LISTS));
-}
-
 pub struct Pool {
     connector: Connector,
     endpoint: Uri,
     idle: Duration,
-    /// A list a thread (`LIST`).
+    /// A list a serving thread (`per_thread`).
     kept: Box<[List]>,
 }
 
@@ -89,7 +74,9 @@ impl Pool {
             connector,
             endpoint,
             idle,
-            kept: (0..LISTS).map(|_| Mutex::new(Vec::new())).collect(),
+            kept: (0..per_thread::LISTS)
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
         }
     }
 
@@ -165,7 +152,7 @@ impl Pool {
 
     /// The calling thread's list.
     fn list(&self) -> &List {
-        &self.kept[LIST.with(Cell::get)]
+        &self.kept[per_thread::index()]
     }
 
     fn keep(&self, sender: Sender) {
@@ -308,7 +295,7 @@ mod tests {
             let (pool, endpoint) = (pool.clone(), endpoint.clone());
             let (done, done_rx) = tokio::sync::oneshot::channel();
             let thread = std::thread::spawn(move || {
-                set_thread_slot(slot);
+                per_thread::set(slot);
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
