@@ -23,7 +23,7 @@ use crate::workers::Workers;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::convert::Infallible;
 use std::io::Write;
 use std::sync::Arc;
@@ -455,43 +455,62 @@ impl Handler {
     /// until the client or the graceful shutdown closes it; counted in
     /// `fencegate_connections` and under the limit while it lasts.
     fn spawn(&self, conn: Connection, graceful: &GracefulShutdown) {
-        let proxy = self.proxy.clone();
-        let svc = service_fn(move |req| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-        });
         let Connection { sock, slot } = conn;
         // Registered again on the serving thread's runtime, whose driver
         // then wakes that thread alone.
         let Ok(sock) = sock.into_std() else { return };
-        let watcher = graceful.watcher();
-        let http = self.http.clone();
-        let tls = self.tls.clone();
-        let idle_timeout = self.idle_timeout;
+        let on_thread = OnThread {
+            proxy: self.proxy.clone(),
+            http: self.http.clone(),
+            tls: self.tls.clone(),
+            idle_timeout: self.idle_timeout,
+            watcher: graceful.watcher(),
+        };
         self.workers.run(move |place| {
             tokio::spawn(async move {
                 metrics::gauge!(m::CONNECTIONS).increment(1.0);
-                if let Ok(sock) = TcpStream::from_std(sock) {
-                    match tls {
-                        None => {
-                            let conn = http.serve_connection(TokioIo::new(sock), svc);
-                            let _ = watcher.watch(conn).await;
-                        }
-                        Some(acceptor) => {
-                            let handshake = acceptor.accept(sock);
-                            if let Ok(Ok(stream)) =
-                                tokio::time::timeout(idle_timeout, handshake).await
-                            {
-                                let conn = http.serve_connection(TokioIo::new(stream), svc);
-                                let _ = watcher.watch(conn).await;
-                            }
-                        }
-                    }
-                }
+                on_thread.serve(sock).await;
                 metrics::gauge!(m::CONNECTIONS).decrement(1.0);
                 drop((slot, place));
             });
         });
+    }
+}
+
+/// What a connection takes to its serving thread.
+struct OnThread {
+    proxy: Arc<Proxy>,
+    http: http1::Builder,
+    tls: Option<TlsAcceptor>,
+    idle_timeout: Duration,
+    watcher: Watcher,
+}
+
+impl OnThread {
+    /// The TLS handshake if the port speaks HTTPS, then HTTP/1 until the
+    /// client or the graceful shutdown closes the connection.
+    async fn serve(self, sock: std::net::TcpStream) {
+        let Ok(sock) = TcpStream::from_std(sock) else {
+            return;
+        };
+        let proxy = self.proxy;
+        let svc = service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+        });
+        match self.tls {
+            None => {
+                let conn = self.http.serve_connection(TokioIo::new(sock), svc);
+                let _ = self.watcher.watch(conn).await;
+            }
+            Some(acceptor) => {
+                let handshake = acceptor.accept(sock);
+                if let Ok(Ok(stream)) = tokio::time::timeout(self.idle_timeout, handshake).await {
+                    let conn = self.http.serve_connection(TokioIo::new(stream), svc);
+                    let _ = self.watcher.watch(conn).await;
+                }
+            }
+        }
     }
 }
 
