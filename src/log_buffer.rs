@@ -92,8 +92,13 @@ impl LogBuffer {
                 closed = sh.drained.wait(closed).unwrap_or_else(|p| p.into_inner());
             }
         }
-        lock(&sh.bufs[per_thread::index()]).extend_from_slice(bytes);
-        let before = sh.waiting.fetch_add(bytes.len(), Ordering::SeqCst);
+        // Counted under the buffer's lock: the writer, which takes the
+        // buffer under it too, never subtracts bytes not yet counted.
+        let before = {
+            let mut buf = lock(&sh.bufs[per_thread::index()]);
+            buf.extend_from_slice(bytes);
+            sh.waiting.fetch_add(bytes.len(), Ordering::SeqCst)
+        };
         let crossed_high = before < HIGH && before + bytes.len() >= HIGH;
         // SeqCst with the writer's store of `writer_idle` before it looks
         // at `waiting`: either it sees these bytes, or this sees it idle.
@@ -114,18 +119,15 @@ impl Shared {
         lock(&self.state)
     }
 
-    /// Moves every buffer's lines to the end of `out`; returns how many
-    /// bytes.
-    fn take_all(&self, out: &mut Vec<u8>) -> usize {
-        let before = out.len();
+    /// Moves every buffer's lines to the end of `out`.
+    fn take_all(&self, out: &mut Vec<u8>) {
         for buf in &self.bufs {
             let mut buf = lock(buf);
             out.extend_from_slice(&buf);
+            // Under the lock, as the appenders count what they add.
+            self.waiting.fetch_sub(buf.len(), Ordering::SeqCst);
             buf.clear();
         }
-        let taken = out.len() - before;
-        self.waiting.fetch_sub(taken, Ordering::SeqCst);
-        taken
     }
 }
 

@@ -4,25 +4,29 @@
 //! least busy thread first. A connection, its requests, and the backend
 //! connections they use (the upstream pool keeps a list a thread,
 //! `upstream::pool`) then stay on one thread: no work stealing, and no
-//! other thread woken per request. With one runtime for all cores, both
-//! grew with the cores (BENCHMARKS.md, "Cores").
+//! other thread woken per request. With one runtime for all cores, the
+//! cost per request grew with the cores (BENCHMARKS.md, "Cores").
 //!
-//! What the requests share (the gate, the store, the metrics, the log) is
-//! shared as before; only where their tasks run changes. The main runtime
-//! keeps the acceptor, the admin API and the background work.
+//! What the requests share (the gate, the store, the metrics) is shared as
+//! before; a log line goes to the thread's own buffer (`log_buffer`). The
+//! main runtime keeps the acceptor, the admin API and the background work.
 //!
-//! A serving thread ends when the acceptor is gone and its tasks have
-//! ended (a write's exchange that outlives its client among them), or
-//! after [`DRAIN`] at most.
+//! [`Workers::shutdown`] stops them: each thread waits for its connections
+//! to end ([`DRAIN`] at most), then its runtime ends, after the blocking
+//! work it started (a fence table write, a blob fsync) and before the
+//! process exits.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// The longest a serving thread waits for its tasks once the acceptor is
-/// gone.
-pub const DRAIN: Duration = Duration::from_secs(30);
+/// The longest a serving thread waits for its connections once the
+/// acceptor is gone: `server::serve` has waited for them already (30 s at
+/// most), so this is only for their last steps, or to cut those that
+/// outlived that wait.
+pub const DRAIN: Duration = Duration::from_secs(1);
 
 /// Work for a serving thread: run inside its runtime (where it spawns the
 /// connection's task), with the connection's [`Place`].
@@ -35,9 +39,13 @@ pub struct Workers {
 
 struct Thread {
     jobs: mpsc::UnboundedSender<(Job, Place)>,
-    /// Connections it serves now.
+    /// Connections it serves now ([`GONE`] once it is found gone).
     load: Arc<AtomicUsize>,
+    handle: JoinHandle<()>,
 }
+
+/// The load of a thread that is gone: never the least.
+const GONE: usize = usize::MAX / 2;
 
 /// A connection's place on its serving thread: it counts in the thread's
 /// load until dropped, with the connection.
@@ -65,17 +73,41 @@ impl Workers {
         Ok(Workers { threads })
     }
 
-    /// Runs `job` on the thread serving the fewest connections now.
+    /// Runs `job` on the thread serving the fewest connections now. A
+    /// thread found gone (it cannot be, short of a bug) is passed over from
+    /// then on; with none left, the job is dropped, and with it the
+    /// connection.
     pub fn run(&self, job: impl FnOnce(Place) + Send + 'static) {
-        let thread = self
-            .threads
-            .iter()
-            .min_by_key(|t| t.load.load(Ordering::Relaxed))
-            .expect("at least one serving thread");
-        thread.load.fetch_add(1, Ordering::Relaxed);
-        let place = Place(thread.load.clone());
-        // A thread that is gone drops the job, and with it the connection.
-        let _ = thread.jobs.send((Box::new(job), place));
+        let mut job: Job = Box::new(job);
+        loop {
+            let thread = self
+                .threads
+                .iter()
+                .min_by_key(|t| t.load.load(Ordering::Relaxed))
+                .expect("at least one serving thread");
+            if thread.load.fetch_add(1, Ordering::Relaxed) >= GONE {
+                return;
+            }
+            let place = Place(thread.load.clone());
+            match thread.jobs.send((job, place)) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError((back, place))) => {
+                    thread.load.store(GONE, Ordering::Relaxed);
+                    drop(place);
+                    job = back;
+                }
+            }
+        }
+    }
+
+    /// Stops taking connections, and returns once every thread has ended:
+    /// its connections closed (or [`DRAIN`] passed) and its blocking work
+    /// done. Blocks the calling thread.
+    pub fn shutdown(self) {
+        let handles: Vec<_> = self.threads.into_iter().map(|t| t.handle).collect();
+        for handle in handles {
+            let _ = handle.join();
+        }
     }
 
     /// How many serving threads there are.
@@ -98,7 +130,9 @@ impl Thread {
             .enable_all()
             .build()?;
         let (jobs, mut rx) = mpsc::unbounded_channel::<(Job, Place)>();
-        std::thread::Builder::new()
+        let load = Arc::new(AtomicUsize::new(0));
+        let connections = load.clone();
+        let handle = std::thread::Builder::new()
             .name(format!("fencegate-serve-{i}"))
             .spawn(move || {
                 crate::per_thread::set(i + 1);
@@ -106,21 +140,20 @@ impl Thread {
                     while let Some((job, place)) = rx.recv().await {
                         job(place);
                     }
-                    drain().await;
+                    drain(&connections).await;
                 });
+                // Dropping the runtime ends its tasks (kept backend
+                // connections among them) and waits for its blocking work.
+                drop(runtime);
             })?;
-        Ok(Thread {
-            jobs,
-            load: Arc::new(AtomicUsize::new(0)),
-        })
+        Ok(Thread { jobs, load, handle })
     }
 }
 
-/// Until this thread's runtime has no task left, or [`DRAIN`] has passed.
-async fn drain() {
-    let runtime = tokio::runtime::Handle::current();
+/// Until the thread serves no connection, or [`DRAIN`] has passed.
+async fn drain(connections: &AtomicUsize) {
     let deadline = Instant::now() + DRAIN;
-    while runtime.metrics().num_alive_tasks() > 0 && Instant::now() < deadline {
+    while connections.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -151,6 +184,27 @@ mod tests {
         // A connection that ends leaves its thread's load.
         places.truncate(3);
         assert_eq!(workers.loads().iter().sum::<usize>(), 3);
+    }
+
+    /// Shutdown returns once the connections have ended and the blocking
+    /// work they started is done.
+    #[test]
+    fn shutdown_waits_for_connections_and_blocking_work() {
+        let workers = Workers::start(2).unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let seen = done.clone();
+        workers.run(move |place| {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::task::spawn_blocking(move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    seen.store(1, Ordering::SeqCst);
+                });
+                drop(place);
+            });
+        });
+        workers.shutdown();
+        assert_eq!(done.load(Ordering::SeqCst), 1);
     }
 
     #[test]
