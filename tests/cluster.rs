@@ -350,10 +350,15 @@ async fn a_replica_cut_off_from_etcd_fails_its_write_before_the_last_bytes() {
     let a = replica_with(&backend, &format!("[\"{}\"]", relay.url()), NO_HOLD, TTL_MS);
     let b = replica_with(&backend, &etcd.endpoints_toml(), NO_HOLD, TTL_MS);
     let ra = Arc::new(RawClient::new(&a.endpoint()));
+    let rb = RawClient::new(&b.endpoint());
+    // A has heard of B before the cut (a replica learns its peers' addresses
+    // from etcd; here for sure, through a write A forwards to B, its owner).
+    let known = || RawRequest::put("/demo/known", "x").token(1);
+    assert_eq!(rb.send(known()).await.unwrap().status, 200);
+    assert_eq!(ra.send(known()).await.unwrap().status, 200);
 
     let (tx, r33) = streaming_33(&be, &ra).await;
     relay.freeze(true);
-    let rb = RawClient::new(&b.endpoint());
     // A owns the resource: B forwards 34 there, and A, cut off, answers
     // it `Moved` once its tenure lapses; B then waits for A's lease to end
     // and admits 34 itself (or, sent and unanswered, answers 502 and the
