@@ -379,9 +379,6 @@ pub async fn serve(
     {
         tracing::warn!("in-flight requests did not finish within 30s; exiting anyway");
     }
-    // The serving threads end, each after its blocking work.
-    let workers = handler.workers;
-    let _ = tokio::task::spawn_blocking(move || workers.shutdown()).await;
     tracing::info!("stopped");
 }
 

@@ -11,22 +11,16 @@
 //! before; a log line goes to the thread's own buffer (`log_buffer`). The
 //! main runtime keeps the acceptor, the admin API and the background work.
 //!
-//! [`Workers::shutdown`] stops them: each thread waits for its connections
-//! to end ([`DRAIN`] at most), then its runtime ends, after the blocking
-//! work it started (a fence table write, a blob fsync) and before the
-//! process exits.
+//! When the acceptor is gone (dropping [`Workers`]), a thread takes no new
+//! connection, and the tasks its connections left behind (a write's
+//! exchange whose client left) run on until the process exits, as they did
+//! on the main runtime: ending them sooner would end a write that may still
+//! land at the backend, and in cluster mode delete the in-flight marker
+//! that makes the next owner wait for it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// The longest a serving thread waits for its connections once the
-/// acceptor is gone: `server::serve` has waited for them already (30 s at
-/// most), so this is only for their last steps, or to cut those that
-/// outlived that wait.
-pub const DRAIN: Duration = Duration::from_secs(1);
 
 /// Work for a serving thread: run inside its runtime (where it spawns the
 /// connection's task), with the connection's [`Place`].
@@ -41,7 +35,6 @@ struct Thread {
     jobs: mpsc::UnboundedSender<(Job, Place)>,
     /// Connections it serves now ([`GONE`] once it is found gone).
     load: Arc<AtomicUsize>,
-    handle: JoinHandle<()>,
 }
 
 /// The load of a thread that is gone: never the least.
@@ -100,16 +93,6 @@ impl Workers {
         }
     }
 
-    /// Stops taking connections, and returns once every thread has ended:
-    /// its connections closed (or [`DRAIN`] passed) and its blocking work
-    /// done. Blocks the calling thread.
-    pub fn shutdown(self) {
-        let handles: Vec<_> = self.threads.into_iter().map(|t| t.handle).collect();
-        for handle in handles {
-            let _ = handle.join();
-        }
-    }
-
     /// How many serving threads there are.
     pub fn threads(&self) -> usize {
         self.threads.len()
@@ -130,9 +113,7 @@ impl Thread {
             .enable_all()
             .build()?;
         let (jobs, mut rx) = mpsc::unbounded_channel::<(Job, Place)>();
-        let load = Arc::new(AtomicUsize::new(0));
-        let connections = load.clone();
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(format!("fencegate-serve-{i}"))
             .spawn(move || {
                 crate::per_thread::set(i + 1);
@@ -140,21 +121,14 @@ impl Thread {
                     while let Some((job, place)) = rx.recv().await {
                         job(place);
                     }
-                    drain(&connections).await;
+                    // The acceptor is gone: what is left runs until exit.
+                    std::future::pending::<()>().await;
                 });
-                // Dropping the runtime ends its tasks (kept backend
-                // connections among them) and waits for its blocking work.
-                drop(runtime);
             })?;
-        Ok(Thread { jobs, load, handle })
-    }
-}
-
-/// Until the thread serves no connection, or [`DRAIN`] has passed.
-async fn drain(connections: &AtomicUsize) {
-    let deadline = Instant::now() + DRAIN;
-    while connections.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok(Thread {
+            jobs,
+            load: Arc::new(AtomicUsize::new(0)),
+        })
     }
 }
 
@@ -162,6 +136,7 @@ async fn drain(connections: &AtomicUsize) {
 mod tests {
     use super::*;
     use std::sync::mpsc as std_mpsc;
+    use std::time::Duration;
 
     #[test]
     fn a_connection_goes_to_the_least_busy_thread() {
@@ -186,25 +161,21 @@ mod tests {
         assert_eq!(workers.loads().iter().sum::<usize>(), 3);
     }
 
-    /// Shutdown returns once the connections have ended and the blocking
-    /// work they started is done.
+    /// A task a connection left behind runs on after the acceptor is
+    /// gone.
     #[test]
-    fn shutdown_waits_for_connections_and_blocking_work() {
-        let workers = Workers::start(2).unwrap();
-        let done = Arc::new(AtomicUsize::new(0));
-        let seen = done.clone();
+    fn tasks_outlive_the_acceptor() {
+        let workers = Workers::start(1).unwrap();
+        let (tx, rx) = std_mpsc::channel();
         workers.run(move |place| {
+            drop(place);
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                tokio::task::spawn_blocking(move || {
-                    std::thread::sleep(Duration::from_millis(200));
-                    seen.store(1, Ordering::SeqCst);
-                });
-                drop(place);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                tx.send(()).unwrap();
             });
         });
-        workers.shutdown();
-        assert_eq!(done.load(Ordering::SeqCst), 1);
+        drop(workers);
+        assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
     }
 
     #[test]
