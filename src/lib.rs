@@ -68,8 +68,8 @@
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
 //! - [`utc`]: calendar dates from Unix seconds (SigV4 dates, log lines).
-//! - [`per_thread`]: which serving thread the caller is, for what is kept
-//!   in a piece a thread (the pool's kept connections, the log's buffer).
+//! - [`per_thread`]: `PerThread`, one piece of something for each serving
+//!   thread (the pool's kept connections, the log's buffer).
 //! - [`log_buffer`] (→ per_thread): log lines on their way to stderr,
 //!   appended to the serving thread's own buffer, written out in batches
 //!   by a thread of their own.

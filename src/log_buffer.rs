@@ -16,7 +16,7 @@
 //! end of `main`) writes out what is left. A `kill -9` loses at most the
 //! last `LINGER` of lines.
 
-use crate::per_thread;
+use crate::per_thread::PerThread;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -37,8 +37,8 @@ pub struct LogBuffer {
 }
 
 struct Shared {
-    /// A buffer a serving thread (`per_thread::index`).
-    bufs: Box<[Mutex<Vec<u8>>]>,
+    /// A buffer a serving thread.
+    bufs: PerThread<Mutex<Vec<u8>>>,
     /// Bytes in all of `bufs`.
     waiting: AtomicUsize,
     /// The writer waits for a first line (and is the only wake-up an
@@ -63,9 +63,7 @@ impl LogBuffer {
     /// Starts the writer thread, writing to `out`.
     pub fn start(out: impl Write + Send + 'static) -> std::io::Result<(LogBuffer, Guard)> {
         let shared = Arc::new(Shared {
-            bufs: (0..per_thread::LISTS)
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
+            bufs: PerThread::default(),
             waiting: AtomicUsize::new(0),
             writer_idle: AtomicBool::new(false),
             state: Mutex::new(false),
@@ -95,7 +93,7 @@ impl LogBuffer {
         // Counted under the buffer's lock: the writer, which takes the
         // buffer under it too, never subtracts bytes not yet counted.
         let before = {
-            let mut buf = lock(&sh.bufs[per_thread::index()]);
+            let mut buf = lock(sh.bufs.mine());
             buf.extend_from_slice(bytes);
             sh.waiting.fetch_add(bytes.len(), Ordering::SeqCst)
         };
@@ -121,7 +119,7 @@ impl Shared {
 
     /// Moves every buffer's lines to the end of `out`.
     fn take_all(&self, out: &mut Vec<u8>) {
-        for buf in &self.bufs {
+        for buf in self.bufs.all() {
             let mut buf = lock(buf);
             out.extend_from_slice(&buf);
             // Under the lock, as the appenders count what they add.
@@ -139,9 +137,11 @@ fn write_out(shared: &Shared, mut out: impl Write) {
     loop {
         let closed = {
             let mut closed = shared.lock_state();
-            while shared.waiting.load(Ordering::SeqCst) == 0 && !*closed {
+            // Idle until a first line: `writer_idle` is set before
+            // `waiting` is looked at (see `append`).
+            loop {
                 shared.writer_idle.store(true, Ordering::SeqCst);
-                if shared.waiting.load(Ordering::SeqCst) != 0 {
+                if *closed || shared.waiting.load(Ordering::SeqCst) != 0 {
                     break;
                 }
                 closed = (shared.to_writer)
@@ -242,7 +242,7 @@ mod tests {
             .map(|t| {
                 let log = log.clone();
                 std::thread::spawn(move || {
-                    per_thread::set(t + 1);
+                    crate::per_thread::set(t + 1);
                     for i in 0..25_000 {
                         let line = format!("{t} {i:06} {}\n", "x".repeat(80));
                         log.append(line.as_bytes());
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(&*sink.got.lock().unwrap(), b"one line\n");
         let log = log.clone();
         std::thread::spawn(move || {
-            per_thread::set(3);
+            crate::per_thread::set(3);
             log.append(b"another\n");
         });
         while sink.got.lock().unwrap().len() < 17 {

@@ -1,25 +1,42 @@
 //! Which serving thread the caller is: `i + 1` on the i-th (`workers` sets
 //! it when the thread starts), 0 on any other thread. What every request
 //! would otherwise write in one shared place (the upstream pool's list of
-//! kept connections, the log's buffer) is kept in [`LISTS`] pieces, one
-//! for each serving thread, found by this number. A leaf module.
+//! kept connections, the log's buffer) is a [`PerThread`]: one piece for
+//! each serving thread, found by this number. A leaf module.
 
 use std::cell::Cell;
 
-/// Pieces of a per-thread thing: more serving threads than this share
+/// Pieces of a [`PerThread`]: more serving threads than this share
 /// pieces, modulo.
-pub const LISTS: usize = 64;
+const PIECES: usize = 64;
 
 thread_local! {
     static INDEX: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Makes the calling thread use piece `i` (modulo [`LISTS`]).
+/// Makes the calling thread use piece `i` (modulo the pieces) of every
+/// [`PerThread`].
 pub fn set(i: usize) {
-    INDEX.with(|c| c.set(i % LISTS));
+    INDEX.with(|c| c.set(i % PIECES));
 }
 
-/// The calling thread's piece: below [`LISTS`].
-pub fn index() -> usize {
-    INDEX.with(Cell::get)
+/// One `T` for each serving thread, and one for every other thread.
+pub struct PerThread<T>(Box<[T]>);
+
+impl<T: Default> Default for PerThread<T> {
+    fn default() -> Self {
+        PerThread((0..PIECES).map(|_| T::default()).collect())
+    }
+}
+
+impl<T> PerThread<T> {
+    /// The calling thread's piece.
+    pub fn mine(&self) -> &T {
+        &self.0[INDEX.with(Cell::get)]
+    }
+
+    /// Every thread's piece.
+    pub fn all(&self) -> impl Iterator<Item = &T> {
+        self.0.iter()
+    }
 }

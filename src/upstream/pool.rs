@@ -22,7 +22,7 @@
 //!   thread sends on it again, so no request wakes another thread. The
 //!   other threads (the main runtime's) share list 0.
 
-use crate::per_thread;
+use crate::per_thread::PerThread;
 use crate::s3::error::S3Error;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -51,8 +51,8 @@ pub struct Pool {
     connector: Connector,
     endpoint: Uri,
     idle: Duration,
-    /// A list a serving thread (`per_thread`).
-    kept: Box<[List]>,
+    /// A list a serving thread.
+    kept: PerThread<List>,
 }
 
 /// Why a request got no answer.
@@ -74,9 +74,7 @@ impl Pool {
             connector,
             endpoint,
             idle,
-            kept: (0..per_thread::LISTS)
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
+            kept: PerThread::default(),
         }
     }
 
@@ -142,7 +140,7 @@ impl Pool {
     /// The most recently used ready connection, if any; drops closed and
     /// expired ones on the way. The lock covers a scan of the list.
     fn checkout(&self) -> Option<Sender> {
-        let mut kept = self.list().lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.mine().lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let expired = |used: Instant, s: &Sender| s.is_ready() && now - used > self.idle;
         kept.retain(|(used, s)| !(s.is_closed() || expired(*used, s)));
@@ -150,13 +148,8 @@ impl Pool {
         Some(kept.remove(i).1)
     }
 
-    /// The calling thread's list.
-    fn list(&self) -> &List {
-        &self.kept[per_thread::index()]
-    }
-
     fn keep(&self, sender: Sender) {
-        let mut kept = self.list().lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.mine().lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() < MAX_KEPT {
             kept.push((Instant::now(), sender));
         }
@@ -295,7 +288,7 @@ mod tests {
             let (pool, endpoint) = (pool.clone(), endpoint.clone());
             let (done, done_rx) = tokio::sync::oneshot::channel();
             let thread = std::thread::spawn(move || {
-                per_thread::set(slot);
+                crate::per_thread::set(slot);
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
