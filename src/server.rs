@@ -342,10 +342,12 @@ pub async fn serve(
         .header_read_timeout(idle_timeout);
     let s3 = Listener::new(listeners.s3, server.max_connections);
     let handler = Handler {
-        proxy: services.proxy,
-        http: http.clone(),
-        tls: services.tls,
-        idle_timeout,
+        serving: Serving {
+            proxy: services.proxy,
+            http: http.clone(),
+            tls: services.tls,
+            idle_timeout,
+        },
         workers: services.workers,
     };
     let graceful = GracefulShutdown::new();
@@ -442,12 +444,18 @@ impl Listener {
 /// Serves accepted S3 connections, each in a task of its own on the
 /// serving thread that has the fewest.
 struct Handler {
+    serving: Serving,
+    workers: Workers,
+}
+
+/// How a connection is served, taken to its serving thread.
+#[derive(Clone)]
+struct Serving {
     proxy: Arc<Proxy>,
     http: http1::Builder,
     tls: Option<TlsAcceptor>,
     /// Bounds the TLS handshake, like a header section.
     idle_timeout: Duration,
-    workers: Workers,
 }
 
 impl Handler {
@@ -459,17 +467,12 @@ impl Handler {
         // Registered again on the serving thread's runtime, whose driver
         // then wakes that thread alone.
         let Ok(sock) = sock.into_std() else { return };
-        let on_thread = OnThread {
-            proxy: self.proxy.clone(),
-            http: self.http.clone(),
-            tls: self.tls.clone(),
-            idle_timeout: self.idle_timeout,
-            watcher: graceful.watcher(),
-        };
+        let serving = self.serving.clone();
+        let watcher = graceful.watcher();
         self.workers.run(move |place| {
             tokio::spawn(async move {
                 metrics::gauge!(m::CONNECTIONS).increment(1.0);
-                on_thread.serve(sock).await;
+                serving.serve(sock, watcher).await;
                 metrics::gauge!(m::CONNECTIONS).decrement(1.0);
                 drop((slot, place));
             });
@@ -477,19 +480,10 @@ impl Handler {
     }
 }
 
-/// What a connection takes to its serving thread.
-struct OnThread {
-    proxy: Arc<Proxy>,
-    http: http1::Builder,
-    tls: Option<TlsAcceptor>,
-    idle_timeout: Duration,
-    watcher: Watcher,
-}
-
-impl OnThread {
+impl Serving {
     /// The TLS handshake if the port speaks HTTPS, then HTTP/1 until the
     /// client or the graceful shutdown closes the connection.
-    async fn serve(self, sock: std::net::TcpStream) {
+    async fn serve(self, sock: std::net::TcpStream, watcher: Watcher) {
         let Ok(sock) = TcpStream::from_std(sock) else {
             return;
         };
@@ -501,13 +495,13 @@ impl OnThread {
         match self.tls {
             None => {
                 let conn = self.http.serve_connection(TokioIo::new(sock), svc);
-                let _ = self.watcher.watch(conn).await;
+                let _ = watcher.watch(conn).await;
             }
             Some(acceptor) => {
                 let handshake = acceptor.accept(sock);
                 if let Ok(Ok(stream)) = tokio::time::timeout(self.idle_timeout, handshake).await {
                     let conn = self.http.serve_connection(TokioIo::new(stream), svc);
-                    let _ = self.watcher.watch(conn).await;
+                    let _ = watcher.watch(conn).await;
                 }
             }
         }

@@ -99,7 +99,8 @@ impl Workers {
     }
 
     /// Connections each thread serves now.
-    pub fn loads(&self) -> Vec<usize> {
+    #[cfg(test)]
+    fn loads(&self) -> Vec<usize> {
         self.threads
             .iter()
             .map(|t| t.load.load(Ordering::Relaxed))
