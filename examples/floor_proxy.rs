@@ -105,8 +105,9 @@ async fn main() {
                             let frames = fencegate::s3::body::sha256_checked(bytes, h);
                             // The last bytes wait for the check, as in
                             // fencegate: a body that fails it never lands.
-                            let held =
-                                body_gate(frames, None, None, |_| S3Error::ContentSha256Mismatch);
+                            let held = body_gate(frames, None, None, None, |_| {
+                                S3Error::ContentSha256Mismatch
+                            });
                             StreamBody::new(held).boxed_unsync()
                         }
                         None => body

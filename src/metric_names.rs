@@ -48,6 +48,16 @@ pub const CACHED_FENCES: &str = "fencegate_cached_fences";
 /// after a complete body): their resource was closed to newer tokens for
 /// `fence.quarantine_ms`.
 pub const QUARANTINES: &str = "fencegate_quarantines_total";
+/// Writes put in doubt (`fence::doubt`): whole at a remote backend, their
+/// answer lost or their sender gone; each may land until its quarantine
+/// ends. Counted when it is lost, or when a start finds it in the landing
+/// record.
+pub const WRITES_IN_DOUBT: &str = "fencegate_writes_in_doubt_total";
+/// Writes in doubt now.
+pub const IN_DOUBT: &str = "fencegate_writes_in_doubt";
+/// 1 while a start-up quarantine holds every newer token back (the
+/// landing record could not say what the process before left in flight).
+pub const STARTUP_QUARANTINE: &str = "fencegate_startup_quarantine";
 
 /// Cluster mode: requests fencegate sent etcd, by `op` (admit, deregister,
 /// watch, get, lease_grant, keep_alive, ...).

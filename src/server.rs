@@ -9,7 +9,9 @@
 use crate::admin::Admin;
 use crate::body::full;
 use crate::config::{BackendKind, Config, ServerConfig};
+use crate::fence::doubt::Doubts;
 use crate::fence::gate::Gate;
+use crate::fence::landing::Landing;
 use crate::fence::table::RedbTable;
 use crate::metric_names as m;
 use crate::proxy::Proxy;
@@ -149,6 +151,13 @@ pub async fn run(cfg: Config) -> Result<(), StartError> {
     // The next owners of this replica's resources need not wait for its
     // lease to run out.
     gate.release_all().await;
+    // What is still in flight stays recorded for the next start; with
+    // nothing in flight, it holds nothing back.
+    if let Some(l) = gate.doubts().landing()
+        && let Err(e) = l.close()
+    {
+        tracing::warn!("the landing record could not be closed cleanly: {e}");
+    }
     Ok(())
 }
 
@@ -186,16 +195,17 @@ pub struct Services {
 /// Start-up: the fence table and gate, the metrics recorder, eager fencing,
 /// the backend, the S3 and admin services. Nothing is listening yet.
 pub async fn start(cfg: &Config) -> Result<Services, StartError> {
-    let gate = match &cfg.cluster {
-        Some(c) => cluster_gate(cfg, c).await?,
-        None => open_gate(cfg)?,
-    };
     let metrics = match crate::admin::metrics::install() {
         Ok(h) => Some(h),
         Err(e) => {
             tracing::warn!("metrics are off: {e}");
             None
         }
+    };
+    let doubts = open_doubts(cfg)?;
+    let gate = match &cfg.cluster {
+        Some(c) => cluster_gate(cfg, c, doubts.clone()).await?,
+        None => open_gate(cfg, doubts.clone())?,
     };
     crate::locks::eager::check_access(&cfg.locks, &cfg.eager)
         .await
@@ -216,6 +226,11 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     };
     let upstream = Arc::new(upstream);
     let probe = Arc::new(Probe::default());
+    let judges = doubts.judges().clone();
+    probe.on_found(move |h| {
+        let writes = h.if_none_match == Some(true) && h.if_match == Some(true);
+        judges.set(writes, h.delete_if_match == Some(true));
+    });
     if cfg.backend.probe_conditions {
         let bucket = cfg.backend.probe_bucket.clone();
         probe.spawn(upstream.clone(), bucket, Duration::from_secs(60));
@@ -251,15 +266,62 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     })
 }
 
+/// The writes in doubt, and, in front of a remote backend, the record of
+/// what may still land (`fence::landing`): what the process before left
+/// there is in doubt from now on, for the quarantine, or, when the record
+/// cannot say, every newer token waits that long (a blanket doubt).
+fn open_doubts(cfg: &Config) -> Result<Arc<Doubts>, StartError> {
+    let dir = &cfg.server.data_dir;
+    let used_before = dir.join("fences.redb").exists()
+        || dir.join(crate::fence::cluster::incarnation::FILE).exists();
+    std::fs::create_dir_all(dir)
+        .map_err(|e| StartError(format!("cannot create data dir {}: {e}", dir.display())))?;
+    if cfg.backend.kind == BackendKind::Embedded {
+        // Its writes die with the process: nothing is ever in doubt.
+        return Ok(Arc::new(Doubts::new(None)));
+    }
+    let mut opened = Landing::open(dir, used_before).map_err(StartError)?;
+    if crate::proxy::unsafe_switch(
+        "FENCEGATE_UNSAFE_FORGET_IN_FLIGHT",
+        "what the process before left in flight",
+    ) {
+        opened.inherited.clear();
+        opened.blanket = None;
+        opened.landing.blanket_over();
+    }
+    let doubts = Arc::new(Doubts::new(Some(opened.landing)));
+    let quarantine = Duration::from_millis(cfg.fence.quarantine_ms);
+    let until = tokio::time::Instant::now() + quarantine;
+    if let Some(why) = &opened.blanket {
+        tracing::warn!(
+            quarantine_ms = cfg.fence.quarantine_ms,
+            "start-up quarantine: {why}; every newer token (and every write to an object) \
+             waits until the quarantine is over, since a write the process before sent may \
+             still land"
+        );
+        doubts.blanket(until);
+    }
+    if !opened.inherited.is_empty() {
+        let orderable = opened.inherited.iter().filter(|(w, _)| w.orderable).count();
+        tracing::warn!(
+            writes = opened.inherited.len(),
+            orderable,
+            quarantine_ms = cfg.fence.quarantine_ms,
+            "the process before stopped with writes the backend had whole and may still \
+             apply: they are in doubt until the quarantine is over, and newer tokens on \
+             their resources wait for them but for what the backend orders after them"
+        );
+    }
+    for (write, record) in opened.inherited {
+        doubts.add(&write, Some(Arc::new(record)), until);
+    }
+    doubts.sweep();
+    Ok(doubts)
+}
+
 /// The data directory, the fence table in it (a damaged one stops
 /// start-up), and the gate over it.
-fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
-    std::fs::create_dir_all(&cfg.server.data_dir).map_err(|e| {
-        StartError(format!(
-            "cannot create data dir {}: {e}",
-            cfg.server.data_dir.display()
-        ))
-    })?;
+fn open_gate(cfg: &Config, doubts: Arc<Doubts>) -> Result<Arc<Gate>, StartError> {
     let store_path = cfg.server.data_dir.join("fences.redb");
     let store = RedbTable::open(&store_path).map_err(|e| {
         StartError(format!(
@@ -272,6 +334,7 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
     store.spawn_recovery();
     let mut gate = Gate::new(Arc::new(store), cfg.admission_wait());
     gate.set_max_slots(cfg.fence.max_cached_resources);
+    gate.set_doubts(doubts);
     unsafe_switches(&mut gate);
     Ok(Arc::new(gate))
 }
@@ -281,13 +344,16 @@ fn open_gate(cfg: &Config) -> Result<Arc<Gate>, StartError> {
 async fn cluster_gate(
     cfg: &Config,
     c: &crate::config::ClusterConfig,
+    doubts: Arc<Doubts>,
 ) -> Result<Arc<Gate>, StartError> {
     let quarantine = Duration::from_millis(cfg.fence.quarantine_ms);
-    let cluster = crate::fence::cluster::Cluster::start(c, quarantine, &cfg.server.data_dir)
+    let dir = &cfg.server.data_dir;
+    let cluster = crate::fence::cluster::Cluster::start(c, quarantine, dir, doubts.clone())
         .await
         .map_err(StartError)?;
     let mut gate = Gate::clustered(cluster, cfg.admission_wait());
     gate.set_max_slots(cfg.fence.max_cached_resources);
+    gate.set_doubts(doubts);
     unsafe_switches(&mut gate);
     let gate = Arc::new(gate);
     gate.follow_cluster();

@@ -71,12 +71,24 @@ pub fn install() -> Result<PrometheusHandle, String> {
         QUARANTINES,
         "writes with an unknown outcome whose resource was held closed"
     );
+    describe_counter!(
+        WRITES_IN_DOUBT,
+        "writes whose whole body a remote backend had and whose answer was lost \
+         or whose sender died: they may land until their quarantine ends"
+    );
+    describe_gauge!(IN_DOUBT, "writes in doubt now");
+    describe_gauge!(
+        STARTUP_QUARANTINE,
+        "1 while a start-up quarantine holds every newer token back"
+    );
     // Publish the counters at zero so that a scrape sees them before the
     // first event.
     metrics::counter!(RAISES).absolute(0);
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);
     metrics::counter!(EAGER_RAISES).absolute(0);
     metrics::counter!(QUARANTINES).absolute(0);
+    metrics::counter!(WRITES_IN_DOUBT).absolute(0);
+    metrics::gauge!(IN_DOUBT).set(0.0);
     Ok(handle)
 }
 

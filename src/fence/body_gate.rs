@@ -8,6 +8,7 @@
 
 use super::gate::Permit;
 use super::hold::ObjectHold;
+use super::landing::Record;
 use futures_util::{Stream, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
@@ -29,13 +30,15 @@ pub enum Stop<'a> {
 /// Holds back the last item of `input` until the stream has ended cleanly
 /// (so every check upstream of the gate has passed) and, for a fenced write,
 /// until the permit confirms the write was not aborted. Until then the
-/// backend cannot have a complete body; the object `hold` is asked last.
-/// An abort while streaming ends the body with `stop(..)`, which aborts the
-/// upstream request.
+/// backend cannot have a complete body; the object `hold` is asked last,
+/// and the write's slot in the landing `record` is marked whole before the
+/// last item goes. An abort while streaming ends the body with `stop(..)`,
+/// which aborts the upstream request.
 pub fn body_gate<T, E, F>(
     input: Items<T, E>,
     permit: Option<Arc<Permit>>,
     hold: Option<Arc<ObjectHold>>,
+    record: Option<Arc<Record>>,
     stop: F,
 ) -> Items<T, E>
 where
@@ -48,6 +51,7 @@ where
         held: None,
         permit,
         hold,
+        record,
         stop,
         abort: None,
         done: false,
@@ -63,6 +67,7 @@ struct Gate<T, E, F> {
     held: Option<T>,
     permit: Option<Arc<Permit>>,
     hold: Option<Arc<ObjectHold>>,
+    record: Option<Arc<Record>>,
     stop: F,
     /// Resolves when the permit is aborted: set up at the first wait.
     abort: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
@@ -127,6 +132,9 @@ where
                     {
                         return this.lapsed();
                     }
+                    if let Some(r) = &this.record {
+                        r.whole();
+                    }
                     return Poll::Ready(this.held.take().map(Ok));
                 }
                 Poll::Pending => {
@@ -158,6 +166,7 @@ mod tests {
         let parts: Vec<Result<&str, &str>> = vec![Ok("a"), Ok("b"), Err("incomplete body")];
         let out: Vec<_> = body_gate(
             Box::pin(futures_util::stream::iter(parts)),
+            None,
             None,
             None,
             |_| "stale",

@@ -38,6 +38,7 @@
 //! reaches the resource's owner, so their holds are the owner's, here.
 
 use super::cluster::{Cluster, Registration, WaitError};
+use super::doubt::Doubts;
 use dashmap::DashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -77,6 +78,10 @@ pub enum HoldError {
     Busy(String),
     #[error("the shared hold table cannot be reached: {0}")]
     Unavailable(String),
+    /// A write to the object whose outcome is unknown may still land for
+    /// this long, past the wait (`fence::doubt`).
+    #[error("an earlier write to {0} whose outcome is unknown may still land for {1:?}")]
+    InDoubt(String, Duration),
 }
 
 /// An object as the hold names it: `bucket/key` (a bucket name has no
@@ -287,6 +292,9 @@ pub struct Holds {
     cluster: Option<Arc<Cluster>>,
     /// Debug switch: hold nothing (`FENCEGATE_UNSAFE_NO_HOLD=1`).
     off: bool,
+    /// Writes in doubt: each holds its object, as it did in flight, until
+    /// its quarantine ends or the backend orders what comes after it.
+    doubts: Option<Arc<Doubts>>,
 }
 
 impl Holds {
@@ -301,7 +309,18 @@ impl Holds {
             wait,
             cluster,
             off: false,
+            doubts: None,
         }
+    }
+
+    /// The writes in doubt that hold objects (`Gate::set_doubts`).
+    pub fn set_doubts(&mut self, doubts: Arc<Doubts>) {
+        self.doubts = Some(doubts);
+    }
+
+    /// The doubts, when any is held now.
+    fn in_doubt(&self) -> Option<&Doubts> {
+        self.doubts.as_deref().filter(|d| d.any())
     }
 
     /// Debug switch: hold nothing, so that a conditional write's check and
@@ -332,6 +351,11 @@ impl Holds {
         if self.cluster.is_some() && holder == Holder::AnyReplica {
             return None;
         }
+        if let Some(d) = self.in_doubt()
+            && d.holds(&object_name(bucket, key), false, false).is_some()
+        {
+            return None;
+        }
         let stripe = self.table.stripe_of_parts(bucket, key);
         if !self.table.stripes[stripe as usize].try_share() {
             return None;
@@ -353,10 +377,33 @@ impl Holds {
         objects: Vec<(String, Mode)>,
         holder: Holder,
     ) -> Result<ObjectHold, HoldError> {
+        self.hold_judged(objects, holder, false).await
+    }
+
+    /// [`Holds::hold`], where `judged` says whether the backend is sent
+    /// the conditions of the writes held alone, and judges them when it
+    /// applies them: a write in doubt on the object then lets them by.
+    pub async fn hold_judged(
+        &self,
+        objects: Vec<(String, Mode)>,
+        holder: Holder,
+        judged: bool,
+    ) -> Result<ObjectHold, HoldError> {
         if self.off || objects.is_empty() {
             return Ok(ObjectHold::none());
         }
         let deadline = Instant::now() + self.wait;
+        if let Some(d) = self.in_doubt() {
+            for (name, mode) in &objects {
+                while let Some(until) = d.holds(name, *mode == Mode::Alone, judged) {
+                    if until > deadline {
+                        let left = until - Instant::now();
+                        return Err(HoldError::InDoubt(name.clone(), left));
+                    }
+                    tokio::time::sleep_until(until).await;
+                }
+            }
+        }
         match &self.cluster {
             Some(c) if holder == Holder::AnyReplica => hold_in_etcd(c, objects, deadline).await,
             _ => self.hold_here(objects, deadline).await,

@@ -5,7 +5,7 @@
 //! object's hold; with owners the admission may name the replica that
 //! owns the resource instead.
 
-use super::{Fenced, Proxy, RequestCtx};
+use super::{Fenced, Proxy, RequestCtx, in_doubt};
 use crate::fence::gate::{Admission, Kind};
 use crate::fence::hold::object_name;
 use crate::fence::resource::Fencing;
@@ -44,14 +44,20 @@ impl Proxy {
             (Some(b), Some(k)) => (b, k),
             _ => return Ok(none),
         };
+        let Fencing::Fenced(resource) = self.resolver.resolve(bucket, key) else {
+            return Ok(none);
+        };
+        let object = object_name(bucket, key);
+        // The backend refuses a conditioned write once overtaken only on
+        // its own object: on a resource of several objects it is a write
+        // like any other.
         let kind = match op.access() {
-            Access::ObjectWrite if self.conditioned_at_backend(op) => Kind::Conditioned,
+            Access::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
+                Kind::Conditioned
+            }
             Access::ObjectWrite => Kind::Write,
             Access::ObjectRead => Kind::Read,
             _ => return Ok(none),
-        };
-        let Fencing::Fenced(resource) = self.resolver.resolve(bucket, key) else {
-            return Ok(none);
         };
         ctx.resource = Some(resource.clone());
         let token = match (token, kind) {
@@ -71,15 +77,12 @@ impl Proxy {
             && op.op.changes_object()
             && self.gate.holds().put_by_admission();
         let admitted = match sharing {
-            true => {
-                let object = object_name(bucket, key);
-                self.gate.admit_sharing(&resource, token, &object).await
+            true => self.gate.admit_sharing(&resource, token, &object).await,
+            false => {
+                let touch = in_doubt::touch(op.op, &object, kind == Kind::Read, ctx.etag_is_md5);
+                let admitted = self.gate.admit_touching(&resource, token, kind, touch);
+                admitted.await.map(|a| (a, None))
             }
-            false => self
-                .gate
-                .admit(&resource, token, kind)
-                .await
-                .map(|a| (a, None)),
         };
         m::handles::admission_wait().record(admitting.elapsed().as_secs_f64());
         // Forwarded, and its tenure lapsed meanwhile (also while a raise

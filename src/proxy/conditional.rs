@@ -67,10 +67,11 @@ impl Proxy {
         } else {
             Mode::Shared
         };
+        let judged = self.backend_judges(op.op, conditions);
         let hold = self
             .gate
             .holds()
-            .hold(vec![(object.clone(), mode)], holder)
+            .hold_judged(vec![(object.clone(), mode)], holder, judged)
             .await
             .map_err(S3Error::from_hold)?;
         if let Some(c) = conditions {

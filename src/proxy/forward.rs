@@ -15,15 +15,19 @@
 //!
 //! If the answer is lost (timeout, broken connection) after the backend
 //! had the whole body, the write may still be applied: not having an answer
-//! does not mean it did not happen. The permits are then held for the
-//! quarantine (`fence.quarantine_ms`), so the resource stays closed to newer
-//! tokens (`503 SlowDown`) for as long as the backend may still apply what
-//! it has. Logged and counted (`fencegate_quarantines_total`).
+//! does not mean it did not happen. The write is then put in doubt
+//! (`fence::doubt`) for the quarantine (`fence.quarantine_ms`), so the
+//! resource stays closed to newer tokens (`503 SlowDown`) for as long as
+//! the backend may still apply what it has, but for the requests the
+//! backend itself orders after it (a write that went with a condition the
+//! backend judges). Logged and counted (`fencegate_quarantines_total`).
 
 use super::Proxy;
 use crate::body::{BoxError, IdleTimer, ProxyBody};
-use crate::fence::gate::Permit;
+use crate::fence::doubt::Doubts;
+use crate::fence::gate::{Mode, Permit};
 use crate::fence::hold::ObjectHold;
+use crate::fence::landing::Record;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
 use crate::upstream::client::{AnswerBody, Outgoing};
@@ -46,6 +50,16 @@ struct Hold {
     /// The write's hold on its objects (CONTRACT §8), let go with the
     /// permits.
     objects: Arc<ObjectHold>,
+    /// Its slots in the landing record (a remote backend).
+    records: Vec<Arc<Record>>,
+    /// Where a write whose answer is lost is put in doubt; `None` (cluster
+    /// mode without owners, whose replicas wait for one another's
+    /// registrations): its permits are kept for the quarantine instead.
+    doubts: Option<Arc<Doubts>>,
+    /// Whether a write the backend does not order is put in doubt too
+    /// (a single node). An owner keeps its permits instead: they keep the
+    /// resource, and its in-flight marker, for the quarantine.
+    unordered_too: bool,
     quarantine: Duration,
     idle: Duration,
 }
@@ -56,6 +70,7 @@ impl Proxy {
         out: Outgoing,
         permits: Vec<Arc<Permit>>,
         objects: Arc<ObjectHold>,
+        records: Vec<Arc<Record>>,
     ) -> Result<Response<ProxyBody>, S3Error> {
         let upstream = self.upstream.clone();
         if permits.is_empty() && objects.is_empty() {
@@ -65,9 +80,17 @@ impl Proxy {
             let resp = Box::pin(upstream.send(out)).await?;
             return Ok(resp.map(BodyExt::boxed));
         }
+        let (doubts, unordered_too) = match self.gate.mode() {
+            Mode::PerWrite(_) => (None, false),
+            Mode::Owners(_) => (Some(self.gate.doubts().clone()), false),
+            Mode::Single => (Some(self.gate.doubts().clone()), true),
+        };
         let hold = Hold {
             permits,
             objects,
+            records,
+            doubts,
+            unordered_too,
             quarantine: self.quarantine,
             idle: upstream.timeout(),
         };
@@ -228,13 +251,20 @@ async fn drain(mut body: AnswerBody, hold: Hold) {
     settle(hold, lost.as_deref());
 }
 
-/// Lets go of a finished exchange's permits and object holds: at once, or
-/// after the quarantine when the answer was `lost` after a complete body
-/// (then it returns true: the outcome is unknown).
+/// Lets go of a finished exchange's permits and object holds: at once, or,
+/// when the answer was `lost` after a complete body, not before the
+/// quarantine (then it returns true: the outcome is unknown). The write is
+/// then put in doubt (`fence::doubt`): it keeps its place for the
+/// quarantine, and its slot in the landing record with it, except where
+/// the backend orders what comes after it. Without a record (the embedded
+/// store) or a place for doubts, the permits themselves are kept.
 fn settle(hold: Hold, lost: Option<&str>) -> bool {
     let Hold {
         permits,
         objects,
+        records,
+        doubts,
+        unordered_too,
         quarantine,
         ..
     } = hold;
@@ -243,16 +273,32 @@ fn settle(hold: Hold, lost: Option<&str>) -> bool {
         return false;
     }
     metrics::counter!(m::QUARANTINES).increment(1);
+    let orderable = !records.is_empty() && records.iter().all(|r| r.write().orderable);
     tracing::warn!(
         token = permits.first().map(|p| p.token()).unwrap_or_default(),
         quarantine_ms = quarantine.as_millis() as u64,
-        "a write's outcome is unknown ({}): the backend had its whole body; its resource is closed to newer tokens until the quarantine ends",
+        orderable,
+        "a write's outcome is unknown ({}): the backend had its whole body; its resource is \
+         closed to newer tokens until the quarantine ends, but for what the backend orders \
+         after it (orderable: it went with a condition the backend judges)",
         lost.unwrap_or_default()
     );
-    tokio::spawn(async move {
-        tokio::time::sleep(quarantine).await;
-        drop((permits, objects));
-    });
+    match doubts {
+        Some(doubts) if !records.is_empty() && (orderable || unordered_too) => {
+            let until = tokio::time::Instant::now() + quarantine;
+            for r in records {
+                doubts.add(&r.write(), Some(r), until);
+            }
+            // Their place is the doubts' now.
+            drop((permits, objects));
+        }
+        _ => {
+            tokio::spawn(async move {
+                tokio::time::sleep(quarantine).await;
+                drop((permits, objects, records));
+            });
+        }
+    }
     true
 }
 
@@ -267,6 +313,9 @@ mod tests {
         Hold {
             permits: permits.into_iter().map(Arc::new).collect(),
             objects: Arc::new(objects),
+            records: Vec::new(),
+            doubts: None,
+            unordered_too: true,
             quarantine: Duration::from_secs(30),
             idle: Duration::from_secs(1),
         }

@@ -40,6 +40,7 @@ mod conditional;
 mod copy;
 mod forward;
 mod head;
+mod in_doubt;
 mod multi_delete;
 mod outgoing;
 mod peers;
@@ -55,6 +56,7 @@ use crate::body::{ProxyBody, full};
 use crate::config::{Config, Credential};
 use crate::fence::gate::{Gate, Mode, Permit};
 use crate::fence::hold::ObjectHold;
+use crate::fence::landing::Record;
 use crate::fence::resource::Resolver;
 use crate::fence::token::Carriers;
 use crate::metric_names as m;
@@ -140,6 +142,9 @@ struct RequestCtx {
     /// Cluster mode with owners: relayed here by a replica cut off from
     /// etcd (`to_owner.rs`, never relayed again).
     relayed: bool,
+    /// A PutObject's ETag will be its body's MD5: it names no customer or
+    /// KMS key (`fence::doubt` checks such a body against writes in doubt).
+    etag_is_md5: bool,
 }
 
 /// What the phases before the upstream request established.
@@ -150,6 +155,8 @@ struct Admitted<'a> {
     fenced: Fenced,
     /// The write's hold on its object (empty for other requests).
     hold: Arc<ObjectHold>,
+    /// Its slot in the landing record (a write to a remote backend).
+    record: Option<Arc<Record>>,
 }
 
 /// The outcome of phase 6's admission here (`admit_here.rs`).
@@ -307,6 +314,7 @@ impl Proxy {
             forwarded: None,
             forward_sends: 0,
             relayed: false,
+            etag_is_md5: in_doubt::etag_is_md5(req.headers()),
         };
         let resp = match self.process(req, &mut ctx).await {
             Ok(r) => r,
@@ -385,12 +393,14 @@ impl Proxy {
                 None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref(), holder)).await?,
             },
         };
+        let record = self.record_write(&op, &fenced, &hold, conditions.as_ref(), &head.headers);
         let admitted = Admitted {
             verified,
             op,
             query,
             fenced,
             hold,
+            record,
         };
         let mut out = self.upstream_request(&head, &admitted, incoming)?;
         let exchange = match self.per_op_needed(&admitted) {
@@ -415,15 +425,20 @@ impl Proxy {
                     ctx.key.as_deref().unwrap_or_default(),
                 ));
             }
+            for r in &exchange.records {
+                r.whole();
+            }
         }
         drop(admitted.fenced.permit);
         drop(admitted.hold);
+        drop(admitted.record);
         let Exchange {
             permits,
             hold,
+            records,
             refused,
         } = exchange;
-        let resp = self.forward(out, permits, hold).await?;
+        let resp = self.forward(out, permits, hold, records).await?;
         let resp = self
             .respond(resp, &admitted.op, &admitted.verified, token)
             .await?;

@@ -15,6 +15,7 @@ use super::{Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
 use crate::fence::gate::{Admission, Kind, Permit, Refusal};
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
+use crate::fence::landing::Record;
 use crate::fence::resource::Fencing;
 use crate::s3::conditions::{Conditions, Failed};
 use crate::s3::error::{S3Error, xml_escape};
@@ -27,6 +28,7 @@ use futures_util::StreamExt;
 use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// HEADs of conditional keys on their way at once.
 const HEADS_AT_ONCE: usize = 8;
@@ -40,6 +42,9 @@ pub(super) struct MultiDelete {
     pub refused: Vec<(String, Failed)>,
     /// Every key was refused: nothing goes to the backend.
     pub nothing_left: bool,
+    /// The slots of the keys sent, in the landing record (a remote
+    /// backend): whole, since the body goes whole.
+    pub records: Vec<Arc<Record>>,
     /// Cluster mode with owners: the replica (and its epoch) that owns
     /// the keys' resources, and the body read; the request goes there.
     pub elsewhere: Option<((String, i64), Bytes)>,
@@ -101,6 +106,7 @@ impl Proxy {
                             hold: ObjectHold::none(),
                             refused: Vec::new(),
                             nothing_left: false,
+                            records: Vec::new(),
                             elsewhere: Some(((owner, epoch), body)),
                         });
                     }
@@ -143,7 +149,18 @@ impl Proxy {
             return Err(S3Error::lease_lapsed("one of the keys"));
         }
         let nothing_left = delete.objects.is_empty();
+        let mut records = Vec::new();
         if !nothing_left {
+            let keys: Vec<(&str, Option<String>)> = delete
+                .objects
+                .iter()
+                .map(|o| match self.resolver.resolve(bucket, &o.key) {
+                    Fencing::Fenced(r) => (o.key.as_str(), Some(r)),
+                    Fencing::Unfenced => (o.key.as_str(), None),
+                })
+                .collect();
+            let keys = keys.iter().map(|(k, r)| (*k, r.as_deref()));
+            records = self.record_keys(bucket, keys, token);
             send_body(out, Bytes::from(delete.to_xml()), Checksum::Sha256)?;
         }
         Ok(MultiDelete {
@@ -151,6 +168,7 @@ impl Proxy {
             hold,
             refused,
             nothing_left,
+            records,
             elsewhere: None,
         })
     }

@@ -2,6 +2,7 @@
 //! stamped, fencegate's own parameters removed) and the body pipeline for
 //! each payload form (verify, hold back the last frame, re-encode).
 
+use super::in_doubt::md5_guarded;
 use super::route::RequestBody;
 use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
 use crate::fence::body_gate::{Stop, body_gate};
@@ -48,11 +49,13 @@ impl Proxy {
         let fenced = &admitted.fenced;
         let resource = fenced.resource.clone().unwrap_or_default();
         let hold = (!admitted.hold.is_empty()).then(|| admitted.hold.clone());
+        let record = admitted.record.clone();
         let gated = |frames| {
             body_gate(
-                frames,
+                md5_guarded(frames, fenced.permit.as_deref()),
                 fenced.permit.clone(),
                 hold,
+                record,
                 move |stop| match stop {
                     Stop::Aborted(p) => S3Error::aborted(p, &resource),
                     Stop::HoldLapsed => S3Error::lease_lapsed("the object"),

@@ -11,6 +11,7 @@ use super::{Admitted, Proxy, RequestCtx, multi_delete};
 use crate::body::ProxyBody;
 use crate::fence::gate::Permit;
 use crate::fence::hold::ObjectHold;
+use crate::fence::landing::Record;
 use crate::s3::conditions::Failed;
 use crate::s3::error::S3Error;
 use crate::s3::op::Op;
@@ -24,6 +25,8 @@ use std::sync::Arc;
 pub(super) struct Exchange {
     pub permits: Vec<Arc<Permit>>,
     pub hold: Arc<ObjectHold>,
+    /// The write's slots in the landing record (a remote backend).
+    pub records: Vec<Arc<Record>>,
     pub refused: Vec<(String, Failed)>,
 }
 
@@ -33,6 +36,7 @@ impl Exchange {
         Exchange {
             permits: admitted.fenced.permit.iter().cloned().collect(),
             hold: admitted.hold.clone(),
+            records: admitted.record.iter().cloned().collect(),
             refused: Vec::new(),
         }
     }
@@ -112,6 +116,9 @@ impl Proxy {
             self.condition_on_current(out, &head.headers, op).await?;
             self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
                 .await?;
+            if let Some(r) = &admitted.record {
+                self.record_sent(r, op.op, &out.headers);
+            }
         }
         match op.op {
             Op::CopyObject if admitted.fenced.token.is_some() => {
@@ -158,6 +165,7 @@ impl Proxy {
             .permits
             .extend(multi.permits.into_iter().map(Arc::new));
         exchange.hold = Arc::new(multi.hold);
+        exchange.records.extend(multi.records);
         exchange.refused = multi.refused;
         if multi.nothing_left {
             return Ok(Prepared::Answered(multi_delete::refused_only(

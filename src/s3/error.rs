@@ -117,6 +117,12 @@ impl S3Error {
                 S3Error::SlowDown(format!("{resource} moved to another replica"))
             }
             Refusal::Unmarked => S3Error::SlowDown(format!("{resource} is changing hands")),
+            Refusal::InDoubt(left) => S3Error::SlowDown(format!(
+                "an older write to {resource} whose outcome is unknown (its answer was lost, \
+                 or fencegate restarted while it was in flight) may still land at the backend \
+                 for {:.1} s more: nothing newer is admitted before; nothing was done",
+                left.as_secs_f64()
+            )),
             Refusal::Landing(left) => S3Error::SlowDown(format!(
                 "{resource}'s previous owner stopped with a write that may still land at the \
                  backend for {:.1} s more: nothing is admitted before; nothing was done",
@@ -132,6 +138,12 @@ impl S3Error {
                 S3Error::SlowDown(format!("other writes to {object} are still in progress"))
             }
             HoldError::Unavailable(e) => S3Error::ServiceUnavailable(e),
+            HoldError::InDoubt(object, left) => S3Error::SlowDown(format!(
+                "an earlier write to {object} whose outcome is unknown (its answer was lost, \
+                 or fencegate restarted while it was in flight) may still land at the backend \
+                 for {:.1} s more; nothing was done",
+                left.as_secs_f64()
+            )),
         }
     }
 

@@ -41,12 +41,16 @@ pub struct Honours {
     pub error: Option<String>,
 }
 
+/// Told what the probe found, each time it finds something.
+type Listener = Box<dyn Fn(&Honours) + Send + Sync>;
+
 /// What the probe found, shared with the admin listener and the proxy.
 #[derive(Default)]
 pub struct Probe {
     found: Mutex<Honours>,
     /// Both PUT conditions refused, as found last (read per write).
     writes: AtomicBool,
+    listeners: Mutex<Vec<Listener>>,
 }
 
 impl Probe {
@@ -61,9 +65,23 @@ impl Probe {
         self.writes.load(Ordering::Relaxed)
     }
 
+    /// Calls `f` with what the probe finds, from now on.
+    pub fn on_found(&self, f: impl Fn(&Honours) + Send + Sync + 'static) {
+        let mut listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        listeners.push(Box::new(f));
+    }
+
     fn set(&self, h: Honours) {
         let writes = h.if_none_match == Some(true) && h.if_match == Some(true);
         self.writes.store(writes, Ordering::Relaxed);
+        for f in self
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            f(&h);
+        }
         *self.found.lock().unwrap_or_else(|p| p.into_inner()) = h;
     }
 

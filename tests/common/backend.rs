@@ -1,7 +1,9 @@
 //! A controllable S3 backend for tests: stores PUT bodies in memory (or
 //! discards them), records what it saw and when, and can stall a write
 //! after its body arrived until the test releases it. It does not check
-//! signatures: it stands in for the store, not for fencegate.
+//! signatures: it stands in for the store, not for fencegate. It can judge
+//! `If-Match` / `If-None-Match` when it applies a write (as AWS S3 does),
+//! or ignore them (as Garage does, the default).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -34,6 +36,9 @@ pub enum Event {
     BodyAborted { key: String, token: Option<u64> },
     /// The answer to a PUT went out (the write is done).
     Responded { key: String, token: Option<u64> },
+    /// A PUT or DELETE whose condition did not hold when it was applied:
+    /// refused (412), nothing changed.
+    Refused { key: String, token: Option<u64> },
 }
 
 #[derive(Default)]
@@ -48,6 +53,8 @@ struct State {
     discard: bool,
     /// Stalled writes go on when their client leaves, as S3's do.
     finish_detached: std::sync::atomic::AtomicBool,
+    /// Conditions are judged when a write is applied.
+    judge: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone)]
@@ -158,6 +165,14 @@ impl TestBackend {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// `If-Match` and `If-None-Match` are judged when a write is applied
+    /// (a stalled one: when it is released), as AWS S3 judges them.
+    pub fn judge_conditions(&self) {
+        self.state
+            .judge
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub fn release(&self, token: u64) {
         self.state.released.lock().unwrap().insert(token);
         self.state.changed.notify_waiters();
@@ -208,6 +223,95 @@ impl TestBackend {
                 panic!("timed out waiting for: {what}; events: {:?}", self.events());
             }
         }
+    }
+}
+
+/// An object's ETag: its bytes' MD5, as S3 gives a single-part object.
+pub fn etag_of(data: &[u8]) -> String {
+    use md5::Digest;
+    hex::encode(md5::Md5::digest(data))
+}
+
+/// The conditions a write came with.
+#[derive(Clone, Default)]
+struct Conditions {
+    if_match: Option<String>,
+    if_none_match: bool,
+}
+
+impl Conditions {
+    fn of(req: &Request<Incoming>) -> Conditions {
+        let h = req.headers();
+        Conditions {
+            if_match: h
+                .get("if-match")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim_matches('"').to_string()),
+            if_none_match: h.get("if-none-match").is_some_and(|v| v == "*"),
+        }
+    }
+
+    /// Whether they hold on `current`, the object as it is now.
+    fn hold(&self, current: Option<&Bytes>) -> bool {
+        if self.if_none_match && current.is_some() {
+            return false;
+        }
+        match (&self.if_match, current) {
+            (Some(_), None) => false,
+            (Some(e), Some(c)) => *e == etag_of(c),
+            (None, _) => true,
+        }
+    }
+}
+
+/// Applies a PUT, judging its conditions when the backend does: the ETag,
+/// or `None` when refused.
+fn apply(
+    st: &State,
+    key: &str,
+    data: Vec<u8>,
+    c: &Conditions,
+    token: Option<u64>,
+) -> Option<String> {
+    let mut objects = st.objects.lock().unwrap();
+    if st.judge.load(std::sync::atomic::Ordering::SeqCst) && !c.hold(objects.get(key)) {
+        drop(objects);
+        record(
+            st,
+            Event::Refused {
+                key: key.to_string(),
+                token,
+            },
+        );
+        return None;
+    }
+    let etag = etag_of(&data);
+    objects.insert(key.to_string(), Bytes::from(data));
+    drop(objects);
+    record(
+        st,
+        Event::Responded {
+            key: key.to_string(),
+            token,
+        },
+    );
+    Some(etag)
+}
+
+/// The answer to an applied (or refused) write.
+fn answer(etag: Option<String>) -> Response<Full<Bytes>> {
+    match etag {
+        Some(e) => Response::builder()
+            .status(200)
+            .header("etag", format!("\"{e}\""))
+            .body(Full::default())
+            .unwrap(),
+        None => Response::builder()
+            .status(412)
+            .body(Full::new(Bytes::from_static(
+                b"<Error><Code>PreconditionFailed</Code></Error>",
+            )))
+            .unwrap(),
     }
 }
 
@@ -283,6 +387,7 @@ async fn handle_write_or_read(
         .decode_utf8_lossy()
         .into_owned();
     let token = token_of(&req);
+    let conditions = Conditions::of(&req);
     record(
         &st,
         Event::Start {
@@ -335,29 +440,35 @@ async fn handle_write_or_read(
                     let (st2, key2) = (st.clone(), key.clone());
                     let applied = tokio::spawn(async move {
                         released(&st2, t).await;
-                        st2.objects
-                            .lock()
-                            .unwrap()
-                            .insert(key2.clone(), Bytes::from(data));
-                        record(&st2, Event::Responded { key: key2, token });
+                        apply(&st2, &key2, data, &conditions, token)
                     });
-                    let _ = applied.await;
-                    return Ok(Response::builder()
-                        .status(200)
-                        .header("etag", "\"test-etag\"")
-                        .body(Full::default())
-                        .unwrap());
+                    return Ok(answer(applied.await.unwrap()));
                 }
                 released(&st, t).await;
             }
-            st.objects
-                .lock()
-                .unwrap()
-                .insert(key.clone(), Bytes::from(data));
-            record(&st, Event::Responded { key, token });
-            Ok(Response::builder()
+            Ok(answer(apply(&st, &key, data, &conditions, token)))
+        }
+        "HEAD" if key.contains('/') => Ok(match st.objects.lock().unwrap().get(&key) {
+            Some(b) => Response::builder()
                 .status(200)
-                .header("etag", "\"test-etag\"")
+                .header("etag", format!("\"{}\"", etag_of(b)))
+                .header("content-length", b.len())
+                .body(Full::default())
+                .unwrap(),
+            None => Response::builder()
+                .status(404)
+                .body(Full::default())
+                .unwrap(),
+        }),
+        "DELETE" if key.contains('/') => {
+            let mut objects = st.objects.lock().unwrap();
+            let judge = st.judge.load(std::sync::atomic::Ordering::SeqCst);
+            if judge && conditions.if_match.is_some() && !conditions.hold(objects.get(&key)) {
+                return Ok(answer(None));
+            }
+            objects.remove(&key);
+            Ok(Response::builder()
+                .status(204)
                 .body(Full::default())
                 .unwrap())
         }

@@ -203,6 +203,17 @@ impl Fencegate {
         self.admin = admin;
     }
 
+    /// SIGTERM, wait for the process to end, then start again on the same
+    /// config and data directory.
+    pub fn terminate_and_restart(&mut self) {
+        unsafe_kill(self.child.id(), "TERM");
+        self.child.wait().unwrap();
+        let (child, s3, admin) = spawn(&self.config_path, &self.log_path, &self.env);
+        self.child = child;
+        self.s3 = s3;
+        self.admin = admin;
+    }
+
     /// Sends `sig` (`STOP`, `CONT`...) to the process.
     pub fn signal(&self, sig: &str) {
         unsafe_kill(self.child.id(), sig);

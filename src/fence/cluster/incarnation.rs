@@ -14,9 +14,17 @@
 //!   go (the owner key deleted, guarded by its epoch and by the marker's
 //!   absence, in one transaction): nothing of the old process can land
 //!   there, so the resource is served again at once, here or elsewhere;
-//! - a resource it owns **with** the marker keeps its owner key until that
-//!   lease expires, and its next owner waits out the quarantine as after
-//!   any death: a body the old process sent may still land;
+//! - so is one **with** the marker when the landing record
+//!   (`fence::landing`) shows that the old process had no write there that
+//!   may still land unordered by the backend (the marker is deleted with
+//!   the owner key, guarded by its epoch): a marker stays a second or two
+//!   after the last write, and a write that went with a condition the
+//!   backend judges needs none;
+//! - a resource with a write that may still land (or every one, when the
+//!   record cannot say) keeps its owner key until that lease expires, and
+//!   its next owner waits out the quarantine as after any death, unless
+//!   it asks this process about the old name (`Gate::nothing_landing`),
+//!   which answers from the record once the write's doubt is over;
 //! - its `replicas/` and `seen/` keys are deleted, so other replicas give
 //!   up forwards to it at once (the watch of `replicas/`).
 //!
@@ -125,18 +133,22 @@ impl Cluster {
             })
             .collect();
         let mut let_go = 0;
+        // Without a record of what was in flight, every marker is kept.
+        let may_land = |r: &str| self.doubts.as_ref().is_none_or(|d| d.unordered_on(r));
         for batch in mine.chunks(BATCH) {
             let guarded = batch.iter().map(|(resource, epoch)| {
                 let owner = self.keys.owner(resource);
                 let marker = self.keys.owned(resource);
-                TxnOp::txn(
-                    Txn::new()
-                        .when([
-                            Compare::create_revision(owner.as_str(), CompareOp::Equal, *epoch),
-                            Compare::create_revision(marker, CompareOp::Equal, 0),
-                        ])
+                let mine = Compare::create_revision(owner.as_str(), CompareOp::Equal, *epoch);
+                let txn = match may_land(resource) {
+                    true => Txn::new()
+                        .when([mine, Compare::create_revision(marker, CompareOp::Equal, 0)])
                         .and_then([TxnOp::delete(owner, None)]),
-                )
+                    false => Txn::new()
+                        .when([mine])
+                        .and_then([TxnOp::delete(owner, None), TxnOp::delete(marker, None)]),
+                };
+                TxnOp::txn(txn)
             });
             let txn = Txn::new().and_then(guarded.collect::<Vec<_>>());
             let resp = call("end_incarnation", kv.txn(txn)).await?;

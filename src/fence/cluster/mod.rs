@@ -159,6 +159,10 @@ pub struct Cluster {
     /// The data directory's lock, held while the process runs
     /// (`incarnation.rs`); none for tools.
     claim: Option<incarnation::Claim>,
+    /// The writes in doubt, among them those the previous process on the
+    /// data directory left (`incarnation.rs` lets go of what they do not
+    /// keep).
+    doubts: Option<Arc<crate::fence::doubt::Doubts>>,
 }
 
 fn etcd(e: impl std::fmt::Display) -> ClusterError {
@@ -257,16 +261,19 @@ impl Cluster {
     ///
     /// `data_dir` names the process that used it before
     /// (`incarnation.rs`): what that one left in etcd is ended first, for
-    /// up to [`END_INCARNATION_FOR`], then in the background.
+    /// up to [`END_INCARNATION_FOR`], then in the background. `doubts`
+    /// holds what that process left in flight (`fence::landing`).
     pub async fn start(
         cfg: &ClusterConfig,
         quarantine: Duration,
         data_dir: &std::path::Path,
+        doubts: Arc<crate::fence::doubt::Doubts>,
     ) -> Result<Arc<Cluster>, String> {
         let (mut cluster, deregistered) = Cluster::connect(cfg).await?;
         let ttl = cluster.lease.ttl();
         cluster.expired_hold = quarantine.saturating_sub(ttl * 4 / 5);
         cluster.claim = Some(incarnation::claim(data_dir, &cluster.replica)?);
+        cluster.doubts = Some(doubts);
         let cluster = Arc::new(cluster);
         cluster.clone().end_previous().await;
         tokio::spawn(cluster.lease.clone().keep(cluster.client.clone()));
@@ -337,6 +344,7 @@ impl Cluster {
             departures: tokio::sync::watch::Sender::new(0),
             upload_tokens: Default::default(),
             claim: None,
+            doubts: None,
         };
         Ok((cluster, rx))
     }

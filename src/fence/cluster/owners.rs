@@ -172,6 +172,12 @@ impl Cluster {
         &self.replica
     }
 
+    /// The name of the process that used this data directory before, if
+    /// the directory named one (`incarnation.rs`).
+    pub fn previous_name(&self) -> Option<&str> {
+        self.claim.as_ref()?.previous.as_deref()
+    }
+
     /// An in-flight marker's value: this replica's name, and the URL the
     /// others reach it at once it is known (a successor asks there whether
     /// anything of this replica's can still land: `gate/owned.rs`).

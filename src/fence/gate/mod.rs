@@ -24,14 +24,17 @@
 //! slots then only keep this replica's writes in flight (to abort them)
 //! and a hint of the fence.
 
+mod barrier;
 mod cluster;
 mod outcome;
 mod owned;
 
+use barrier::push_entry;
 pub use outcome::{Admission, Refusal};
 pub use owned::Predecessors;
 
 use super::cluster::{Cluster, Registration, Tenure};
+use super::doubt::{Doubts, Touch};
 use super::hold::Holds;
 use super::table::{FenceTable, TableError};
 use crate::metric_names as m;
@@ -176,6 +179,9 @@ pub struct Permit {
     tenure: Option<(Arc<Cluster>, Tenure)>,
     /// Cluster mode: failed because this replica's lease may have lapsed.
     lease_lost: AtomicBool,
+    /// ETags the write's body must not leave: writes in doubt on its object
+    /// expect them (`fence::doubt`, an MD5 body is checked against them).
+    guards: Vec<Box<str>>,
 }
 
 impl Permit {
@@ -227,6 +233,12 @@ impl Permit {
         self.lease_lost.load(Ordering::SeqCst)
     }
 
+    /// ETags this write must not leave its object with: a write in doubt
+    /// there went with `If-Match` one of them (`fence::doubt`).
+    pub fn guards(&self) -> &[Box<str>] {
+        &self.guards
+    }
+
     /// The resource's highest token now (for the error of an aborted write).
     pub fn highest(&self) -> u64 {
         self.slot.lock().highest.unwrap_or(self.token)
@@ -267,6 +279,11 @@ pub struct Gate {
     /// Cluster mode with owners: asks a dead-looking owner whether its
     /// writes can still land (`owned.rs`).
     predecessors: std::sync::OnceLock<Arc<dyn owned::Predecessors>>,
+    /// Writes that may still land though nobody waits for their answer.
+    doubts: Arc<Doubts>,
+    /// Cluster mode with owners: stopping, every resource let go; no
+    /// resource is taken again (`owned.rs`, `release_all`).
+    closing: AtomicBool,
 }
 
 /// Default for [`Gate::set_max_slots`].
@@ -284,7 +301,21 @@ impl Gate {
             holds: Holds::new(wait_bound, None),
             releasing: Default::default(),
             predecessors: Default::default(),
+            doubts: Arc::new(Doubts::new(None)),
+            closing: AtomicBool::new(false),
         }
+    }
+
+    /// The writes in doubt, shared with the object holds (set before the
+    /// gate is shared).
+    pub fn set_doubts(&mut self, doubts: Arc<Doubts>) {
+        self.holds.set_doubts(doubts.clone());
+        self.doubts = doubts;
+    }
+
+    /// Writes that may still land though nobody waits for their answer.
+    pub fn doubts(&self) -> &Arc<Doubts> {
+        &self.doubts
     }
 
     /// The object holds: where a conditional write's check and write
@@ -467,18 +498,36 @@ impl Gate {
     }
 
     /// Admits a request carrying `token` on `resource` (see the module doc):
-    /// here, with a permit for a write, or by the replica owning it.
+    /// here, with a permit for a write, or by the replica owning it. A
+    /// write in doubt there lets it through only where the backend orders
+    /// the two, which `admit` does not know: [`Gate::admit_touching`] says
+    /// what the request does.
     pub async fn admit(
         &self,
         resource: &str,
         token: u64,
         kind: Kind,
     ) -> Result<Admission, Refusal> {
+        let touch = match kind {
+            Kind::Read => Touch::Read,
+            _ => Touch::Other,
+        };
+        self.admit_touching(resource, token, kind, touch).await
+    }
+
+    /// [`Gate::admit`] for a request that does `touch` (`fence::doubt`).
+    pub async fn admit_touching(
+        &self,
+        resource: &str,
+        token: u64,
+        kind: Kind,
+        touch: Touch<'_>,
+    ) -> Result<Admission, Refusal> {
         // Boxed: their etcd transactions are futures of several KB, which
         // would otherwise size every request's future, clustered or not.
         match self.mode() {
             Mode::Owners(c) => {
-                return Box::pin(self.admit_owned(c, resource, token, kind)).await;
+                return Box::pin(self.admit_owned(c, (resource, touch), token, kind)).await;
             }
             Mode::PerWrite(c) => {
                 let admitted = Box::pin(self.admit_per_write(c, resource, token, kind, None)).await;
@@ -488,118 +537,14 @@ impl Gate {
         }
         let slot = self.slot(resource).await?;
         self.raise_slot(&slot, resource, token, None).await?;
-        self.barrier(&slot, token, kind, None)
+        self.barrier(&slot, (resource, touch), token, kind, None)
             .await
             .map(Admission::Here)
-    }
-
-    /// Waits until no lower-token write is in flight in `slot`, up to the
-    /// bound, and admits.
-    async fn barrier(
-        &self,
-        slot: &Arc<Slot>,
-        token: u64,
-        kind: Kind,
-        owner: Option<Owner<'_>>,
-    ) -> Result<Option<Permit>, Refusal> {
-        // The common case (nothing older in flight) admits at once, without
-        // reading the clock or arming a wake-up.
-        if let Some(done) = self.try_admit(slot, token, kind, owner) {
-            return done;
-        }
-        let deadline = tokio::time::Instant::now() + self.wait_bound;
-        loop {
-            let notified = slot.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(done) = self.try_admit(slot, token, kind, owner) {
-                return done;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(Refusal::Busy);
-            }
-        }
-    }
-
-    /// One admission attempt under the slot's lock: refused, admitted, or
-    /// `None` when an older write is still in flight and the caller waits.
-    /// An `owner` admits only while its tenure stands.
-    fn try_admit(
-        &self,
-        slot: &Arc<Slot>,
-        token: u64,
-        kind: Kind,
-        owner: Option<Owner<'_>>,
-    ) -> Option<Result<Option<Permit>, Refusal>> {
-        let mut st = slot.lock();
-        if let Some((c, tenure)) = owner {
-            match &mut st.owned {
-                Some(o) if o.tenure == tenure && c.tenure_stands(&tenure) => o.touched = true,
-                _ => return Some(Err(Refusal::TenureLost)),
-            }
-        }
-        if let Some(h) = st.highest
-            && token < h
-        {
-            return Some(Err(Refusal::Stale { token, highest: h }));
-        }
-        if self.ordered && st.inflight.iter().any(|e| e.token < token) {
-            return None;
-        }
-        if kind == Kind::Read {
-            return Some(Ok(None));
-        }
-        // In the same critical section as the entry's push: a quiet sweep
-        // sees either this write in flight or `busy`.
-        if let Some(o) = st
-            .owned
-            .as_mut()
-            .filter(|_| kind == Kind::Write && owner.is_some())
-        {
-            if !o.marked {
-                return Some(Err(Refusal::Unmarked));
-            }
-            o.busy = true;
-        }
-        let tenure = owner.map(|(c, t)| (c.clone(), t));
-        let permit = push_entry(slot, &mut st, (token, kind), None, tenure);
-        Some(Ok(Some(permit)))
     }
 }
 
 /// An owner's admission: its cluster and its tenure on the resource.
 type Owner<'a> = (&'a Arc<Cluster>, Tenure);
-
-/// Registers a write of `token` (of `kind`) in flight in `slot` (whose state `st` is)
-/// and returns its permit.
-fn push_entry(
-    slot: &Arc<Slot>,
-    st: &mut SlotState,
-    (token, kind): (u64, Kind),
-    shared: Option<Registration>,
-    tenure: Option<(Arc<Cluster>, Tenure)>,
-) -> Permit {
-    let id = st.next_id;
-    st.next_id += 1;
-    let abort = Arc::new(AbortSignal::default());
-    m::handles::inflight_writes().increment(1.0);
-    st.inflight.push(Entry {
-        id,
-        token,
-        phase: Phase::Streaming,
-        abort: abort.clone(),
-        conditioned: kind == Kind::Conditioned,
-    });
-    Permit {
-        slot: slot.clone(),
-        id,
-        token,
-        abort,
-        shared,
-        tenure,
-        lease_lost: AtomicBool::new(false),
-    }
-}
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -35,6 +35,11 @@ pub enum Refusal {
     /// is admitted before (`owned.rs`).
     #[error("a write of the resource's previous owner may still land for {0:?}")]
     Landing(std::time::Duration),
+    /// A write with a lower token, whose answer was lost or whose sender
+    /// died, may still land at the backend for this long, past the wait
+    /// (`fence::doubt`): nothing newer is admitted before.
+    #[error("an older write whose outcome is unknown may still land for {0:?}")]
+    InDoubt(std::time::Duration),
 }
 
 /// Where a request was admitted.

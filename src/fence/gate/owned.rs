@@ -24,6 +24,7 @@
 
 use super::{Admission, Gate, Kind, Owner, Permit, Refusal, Slot, SlotState};
 use crate::fence::cluster::{Cluster, OwnedRaise, Predecessor, Take, Tenure};
+use crate::fence::doubt::Touch;
 use crate::metric_names as m;
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,7 +117,7 @@ impl Gate {
     pub(super) async fn admit_owned(
         &self,
         c: &Arc<Cluster>,
-        resource: &str,
+        (resource, touch): (&str, Touch<'_>),
         token: u64,
         kind: Kind,
     ) -> Result<Admission, Refusal> {
@@ -128,7 +129,10 @@ impl Gate {
             };
             let owner = Some((c, tenure));
             let admitted = match self.raise_slot(&slot, resource, token, owner).await {
-                Ok(_) => self.barrier(&slot, token, kind, owner).await,
+                Ok(_) => {
+                    self.barrier(&slot, (resource, touch), token, kind, owner)
+                        .await
+                }
                 Err(e) => Err(e),
             };
             match admitted {
@@ -186,6 +190,9 @@ impl Gate {
     ) -> Result<Owning, Refusal> {
         let slot = self.cached_slot(resource);
         loop {
+            if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(unavailable("this replica is stopping"));
+            }
             if let Some(o) = self.owned_here(c, &slot) {
                 let landing = slot.lock().landing_until;
                 match landing {
@@ -325,7 +332,9 @@ impl Gate {
     pub fn nothing_landing(&self, replica: &str, resource: &str) -> bool {
         let Some(c) = &self.cluster else { return false };
         if replica != c.replica_name() {
-            return false;
+            // This data directory's process before, which died: the
+            // landing record says what of its own may still land.
+            return c.previous_name() == Some(replica) && !self.doubts.unordered_on(resource);
         }
         let Some(slot) = self.slots.get(resource).map(|s| s.clone()) else {
             return true;
@@ -333,9 +342,9 @@ impl Gate {
         if self.owned_here(c, &slot).is_some() {
             return false;
         }
-        // Conditioned writes count too: the store refuses one only on its
-        // own object, not a newer write's elsewhere in the resource.
-        !may_land(&slot.lock())
+        // Conditioned writes count too, and writes in doubt: the store
+        // refuses one only on its own object, and may still apply it.
+        !may_land(&slot.lock()) && !self.doubts.on(resource)
     }
 
     /// Lets the gate ask a dead-looking owner whether its writes can still
@@ -548,15 +557,22 @@ impl Gate {
         });
     }
 
-    /// Lets go of every resource owned here (at shutdown).
+    /// Lets go of every resource owned here (at shutdown). From here on
+    /// this replica takes no resource, and its tenures end here before
+    /// their keys go: a connection still open admits nothing more (its
+    /// lease alone would still say the tenure stands).
     pub async fn release_all(&self) {
         let Some(c) = &self.cluster else { return };
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let owned: Vec<(String, i64, bool)> = self
             .slots
             .iter()
             .filter_map(|s| {
-                let st = s.value().lock();
-                Some((s.key().clone(), st.owned?.tenure.epoch, may_land(&st)))
+                let mut st = s.value().lock();
+                let epoch = st.owned.take()?.tenure.epoch;
+                let keep = may_land(&st) || self.doubts.unordered_on(s.key());
+                Some((s.key().clone(), epoch, keep))
             })
             .collect();
         // A write of this replica's still in flight (one whose answer was
