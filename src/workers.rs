@@ -19,7 +19,7 @@
 //! that makes the next owner wait for it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
 /// Work for a serving thread: run inside its runtime (where it spawns the
@@ -33,12 +33,13 @@ pub struct Workers {
 
 struct Thread {
     jobs: mpsc::UnboundedSender<(Job, Place)>,
-    /// Connections it serves now ([`GONE`] once it is found gone).
+    /// Connections it serves now.
     load: Arc<AtomicUsize>,
+    /// Set once the thread is found gone: it is never chosen again. (A
+    /// mark in `load` would not stay: the places of its connections drop
+    /// it.)
+    gone: AtomicBool,
 }
-
-/// The load of a thread that is gone: never the least.
-const GONE: usize = usize::MAX / 2;
 
 /// A connection's place on its serving thread: it counts in the thread's
 /// load until dropped, with the connection.
@@ -73,20 +74,18 @@ impl Workers {
     pub fn run(&self, job: impl FnOnce(Place) + Send + 'static) {
         let mut job: Job = Box::new(job);
         loop {
-            let thread = self
-                .threads
-                .iter()
+            let Some(thread) = (self.threads.iter())
+                .filter(|t| !t.gone.load(Ordering::Relaxed))
                 .min_by_key(|t| t.load.load(Ordering::Relaxed))
-                .expect("at least one serving thread");
-            if thread.load.fetch_add(1, Ordering::Relaxed) >= GONE {
+            else {
                 return;
-            }
+            };
+            thread.load.fetch_add(1, Ordering::Relaxed);
             let place = Place(thread.load.clone());
             match thread.jobs.send((job, place)) {
                 Ok(()) => return,
-                Err(mpsc::error::SendError((back, place))) => {
-                    thread.load.store(GONE, Ordering::Relaxed);
-                    drop(place);
+                Err(mpsc::error::SendError((back, _place))) => {
+                    thread.gone.store(true, Ordering::Relaxed);
                     job = back;
                 }
             }
@@ -129,6 +128,7 @@ impl Thread {
         Ok(Thread {
             jobs,
             load: Arc::new(AtomicUsize::new(0)),
+            gone: AtomicBool::new(false),
         })
     }
 }
@@ -177,6 +177,43 @@ mod tests {
         });
         drop(workers);
         assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
+    }
+
+    /// A serving thread found gone is passed over, and with none left the
+    /// connection is dropped: `run` returns (it went round and round when
+    /// a gone thread was marked in its load, which the dropped place took
+    /// below the mark again).
+    #[test]
+    fn with_every_thread_gone_a_connection_is_dropped() {
+        let workers = Workers::start(2).unwrap();
+        // A panic ends a thread's runtime, and with it its receiver.
+        for t in &workers.threads {
+            let dies: Job = Box::new(|_place| panic!("a serving thread dies (this test)"));
+            t.load.fetch_add(1, Ordering::Relaxed);
+            t.jobs.send((dies, Place(t.load.clone()))).ok().unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !workers.threads.iter().all(|t| t.jobs.is_closed()) {
+            assert!(std::time::Instant::now() < deadline, "the threads live on");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let workers = Arc::new(workers);
+        let (done, returned) = std_mpsc::channel();
+        let w = workers.clone();
+        std::thread::spawn(move || {
+            for _ in 0..3 {
+                let (tx, rx) = std_mpsc::channel();
+                w.run(move |_place| tx.send(()).unwrap());
+                // The job was dropped, not run: its sender is gone unused.
+                assert_eq!(rx.recv(), Err(std_mpsc::RecvError));
+            }
+            done.send(()).unwrap();
+        });
+        let ok = returned.recv_timeout(Duration::from_secs(5));
+        assert!(
+            ok.is_ok(),
+            "Workers::run did not return with every thread gone"
+        );
     }
 
     #[test]
