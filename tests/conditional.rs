@@ -3,8 +3,10 @@
 //! while its body streams, another write lands on the key behind
 //! fencegate's back: the write that a paused cluster replica can still
 //! complete after its lease (docs/cluster.md). With the setting on the
-//! backend refuses the admitted write (412) and the other write stays;
-//! with it off the admitted write overwrites it. Ordinary writes pass.
+//! backend refuses the admitted write (fencegate's own condition failed:
+//! `503 SlowDown`, nothing written) and the other write stays; with it off
+//! the admitted write overwrites it. Ordinary writes pass, the second
+//! without a HEAD (fencegate knows the ETag its first left).
 
 mod common;
 
@@ -75,7 +77,7 @@ async fn overtaken_write(conditional: bool) -> (u16, String) {
 #[tokio::test]
 async fn with_conditional_writes_the_backend_refuses_a_write_overtaken_after_admission() {
     let (status, object) = overtaken_write(true).await;
-    assert_eq!(status, 412);
+    assert_eq!(status, 503);
     assert_eq!(object, "intruder", "the write that landed in between stays");
 }
 

@@ -340,3 +340,40 @@ async fn a_put_if_absent_in_doubt_leaves_one_winner() {
         );
     }
 }
+
+/// With `fence.conditional_writes`, fencegate knows the ETag its last
+/// conditioned write left: the next write to the object goes with it,
+/// without a HEAD. A delete, which says nothing of what is left, makes the
+/// next write look again.
+#[tokio::test]
+async fn a_conditioned_write_needs_no_head_when_fencegate_knows_the_etag() {
+    let be = TestBackend::start().await;
+    let fg = judging(&be, &fence(30_000, 1000), &[]).await;
+    let raw = RawClient::new(&fg.endpoint());
+    let heads = || {
+        be.events()
+            .iter()
+            .filter(|e| matches!(e, Event::Start { method, key, .. } if method == "HEAD" && key == "demo/k"))
+            .count()
+    };
+    for (t, v) in [(1, "v1"), (2, "v2"), (2, "v3")] {
+        let r = raw
+            .send(RawRequest::put("/demo/k", v).token(t))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(heads(), 1, "only the first write looked");
+    let r = raw
+        .send(RawRequest::new(http::Method::DELETE, "/demo/k").token(2))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 204, "{}", r.body);
+    let r = raw
+        .send(RawRequest::put("/demo/k", "v4").token(2))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(heads(), 2);
+    assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"v4"));
+}

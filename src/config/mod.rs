@@ -203,9 +203,41 @@ pub struct FenceConfig {
     pub max_cached_resources: usize,
     /// Send fenced per-object writes with `If-Match`/`If-None-Match` on the
     /// object as it was at admission, so that the backend itself refuses
-    /// one that something else overtook. One HEAD per write; needs a
-    /// backend that honours conditional writes (not Garage).
-    pub conditional_writes: bool,
+    /// one that something else overtook, and orders what comes after a
+    /// write whose answer was lost. A HEAD per write whose object's ETag
+    /// fencegate does not know; needs a backend that honours conditional
+    /// writes (not Garage). `"auto"` (the default): on in front of a
+    /// remote backend the probe found honouring them.
+    pub conditional_writes: ConditionalWrites,
+}
+
+/// `fence.conditional_writes`: `true`, `false`, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConditionalWrites {
+    /// On in front of a remote backend the probe found honouring them.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl<'de> Deserialize<'de> for ConditionalWrites {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(ConditionalWrites::On),
+            Raw::Bool(false) => Ok(ConditionalWrites::Off),
+            Raw::Word(w) if w == "auto" => Ok(ConditionalWrites::Auto),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "conditional_writes: {w:?} is not true, false or \"auto\""
+            ))),
+        }
+    }
 }
 
 impl FenceConfig {
@@ -390,7 +422,7 @@ impl Default for FenceConfig {
             quarantine_ms: 30_000,
             require_signed_token: false,
             max_cached_resources: DEFAULT_MAX_CACHED_RESOURCES,
-            conditional_writes: false,
+            conditional_writes: ConditionalWrites::Auto,
         }
     }
 }

@@ -25,13 +25,15 @@
 //! the content, but the stamp of the newer token is overwritten).
 
 use super::Proxy;
+use super::etags::Known;
+use crate::body::ProxyBody;
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::s3::conditions::{Conditions, Current, bare_etag, parse_time};
 use crate::s3::error::S3Error;
-use crate::s3::op::Operation;
+use crate::s3::op::{Op, Operation};
 use crate::upstream::client::{Outgoing, UpstreamPayload};
 use http::header::{CONTENT_LENGTH, ETAG, IF_MATCH, IF_NONE_MATCH, LAST_MODIFIED};
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use std::sync::Arc;
 
 /// Headers of the write that its HEAD needs too: a customer-key encrypted
@@ -162,28 +164,89 @@ impl Proxy {
     }
 
     /// `fence.conditional_writes`: adds the condition on the object's
-    /// current state to `out`.
+    /// current state to `out`: the state its last write through fencegate
+    /// left under `epoch` (`etags.rs`), else a HEAD's. Returns the object
+    /// when it did (a write with conditions of its own goes with those).
     pub(super) async fn condition_on_current(
         &self,
         out: &mut Outgoing,
         headers: &HeaderMap,
         op: &Operation,
-    ) -> Result<(), S3Error> {
+        epoch: i64,
+    ) -> Result<Option<String>, S3Error> {
         if headers.contains_key(IF_MATCH) || headers.contains_key(IF_NONE_MATCH) {
-            return Ok(());
+            return Ok(None);
         }
         let (Some(bucket), Some(key)) = (&op.bucket, &op.key) else {
-            return Ok(());
+            return Ok(None);
         };
-        match self.current(bucket, key, headers).await? {
-            Some((_, etag)) => {
-                out.headers.insert(IF_MATCH, etag);
+        let object = object_name(bucket, key);
+        let known = match self.etags.get(&object, epoch) {
+            Some(known) => known,
+            None => match self.current(bucket, key, headers).await? {
+                Some((_, etag)) => Known::Etag(etag),
+                None => Known::Absent,
+            },
+        };
+        match known {
+            Known::Etag(etag) => out.headers.insert(IF_MATCH, etag),
+            Known::Absent => out
+                .headers
+                .insert(IF_NONE_MATCH, HeaderValue::from_static("*")),
+        };
+        Ok(Some(object))
+    }
+
+    /// The answer to a write sent with fencegate's own condition on
+    /// `object`: its ETag kept for the next write, or forgotten. A `412`
+    /// means the object was not what fencegate sent the condition on (a
+    /// write landed in between: one whose outcome was unknown, one that a
+    /// replica paused past its lease let go, or one around fencegate):
+    /// nothing was written, which the client is told as `503 SlowDown`,
+    /// never as a `PreconditionFailed` it did not ask for; tried again,
+    /// the write looks at the object afresh.
+    pub(super) fn after_own_condition(
+        &self,
+        answer: Result<Response<ProxyBody>, S3Error>,
+        op: Op,
+        (object, epoch): &(String, i64),
+    ) -> Result<Response<ProxyBody>, S3Error> {
+        let resp = match answer {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.etags.forget(object);
+                return Err(e);
             }
-            None => {
-                out.headers
-                    .insert(IF_NONE_MATCH, HeaderValue::from_static("*"));
+        };
+        let etag = resp.headers().get(ETAG);
+        match (resp.status(), etag) {
+            (StatusCode::PRECONDITION_FAILED, _) => {
+                self.etags.forget(object);
+                Err(S3Error::SlowDown(format!(
+                    "{object} changed after fencegate looked at it, so the store refused \
+                     the write fencegate sent with a condition on what it saw; nothing was \
+                     written"
+                )))
+            }
+            (s, Some(etag)) if s.is_success() && op == Op::PutObject => {
+                self.etags.put(object, *epoch, Known::Etag(etag.clone()));
+                Ok(resp)
+            }
+            _ => {
+                self.etags.forget(object);
+                Ok(resp)
             }
         }
-        Ok(())
+    }
+
+    /// Any other write to an object leaves it in a state fencegate did not
+    /// read from the answer: the next conditioned write looks again.
+    pub(super) fn after_other_write(&self, op: &Operation) {
+        if !op.op.changes_object() || !self.conditions_on_backend(Op::PutObject) {
+            return;
+        }
+        if let (Some(b), Some(k)) = (&op.bucket, &op.key) {
+            self.etags.forget(&object_name(b, k));
+        }
     }
 }

@@ -177,7 +177,8 @@ pub(super) fn md5_guarded(frames: FrameStream, permit: Option<&Permit>) -> Frame
                     "this write would give its object back the ETag {etag}, which an earlier \
                      write whose outcome is unknown (its answer was lost, or fencegate \
                      restarted while it was in flight) expects: that write could then land \
-                     after this one. Try again once its quarantine is over; nothing was done"
+                     after this one. Nothing was done; it goes once that write's quarantine \
+                     is over"
                 )))))
             }
         }

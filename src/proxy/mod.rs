@@ -38,6 +38,7 @@
 mod admit_here;
 mod conditional;
 mod copy;
+mod etags;
 mod forward;
 mod head;
 mod in_doubt;
@@ -53,7 +54,7 @@ mod to_owner;
 mod token;
 
 use crate::body::{ProxyBody, full};
-use crate::config::{Config, Credential};
+use crate::config::{ConditionalWrites, Config, Credential};
 use crate::fence::gate::{Gate, Mode, Permit};
 use crate::fence::hold::ObjectHold;
 use crate::fence::landing::Record;
@@ -98,7 +99,9 @@ pub struct Proxy {
     body_idle: Duration,
     quarantine: Duration,
     /// `fence.conditional_writes` (`conditional.rs`).
-    conditional_writes: bool,
+    conditional_writes: ConditionalWrites,
+    /// What fencegate's conditioned writes last left each object as.
+    etags: etags::Etags,
     /// Whether the backend honours conditional writes itself.
     probe: Arc<Probe>,
     /// Debug switch: a session credential's token is not used
@@ -260,6 +263,7 @@ impl Proxy {
             body_idle: Duration::from_millis(cfg.server.request_timeout_ms),
             quarantine: Duration::from_millis(cfg.fence.quarantine_ms),
             conditional_writes: cfg.fence.conditional_writes,
+            etags: Default::default(),
             probe,
             session_fencing_off: unsafe_switch(
                 "FENCEGATE_UNSAFE_SESSION_NO_TOKEN",
@@ -437,8 +441,16 @@ impl Proxy {
             hold,
             records,
             refused,
+            own_condition,
         } = exchange;
-        let resp = self.forward(out, permits, hold, records).await?;
+        let resp = self.forward(out, permits, hold, records).await;
+        let resp = match &own_condition {
+            Some(own) => self.after_own_condition(resp, admitted.op.op, own)?,
+            None => {
+                self.after_other_write(&admitted.op);
+                resp?
+            }
+        };
         let resp = self
             .respond(resp, &admitted.op, &admitted.verified, token)
             .await?;

@@ -9,6 +9,7 @@
 
 use super::{Admitted, Proxy, RequestCtx, multi_delete};
 use crate::body::ProxyBody;
+use crate::config::ConditionalWrites;
 use crate::fence::gate::Permit;
 use crate::fence::hold::ObjectHold;
 use crate::fence::landing::Record;
@@ -28,6 +29,11 @@ pub(super) struct Exchange {
     /// The write's slots in the landing record (a remote backend).
     pub records: Vec<Arc<Record>>,
     pub refused: Vec<(String, Failed)>,
+    /// The object, and the owner's epoch (0 on a single node), when the
+    /// write goes with a condition of fencegate's own
+    /// (`fence.conditional_writes`): its answer says what the object is
+    /// now (`conditional.rs`, `after_own_condition`).
+    pub own_condition: Option<(String, i64)>,
 }
 
 impl Exchange {
@@ -38,6 +44,7 @@ impl Exchange {
             hold: admitted.hold.clone(),
             records: admitted.record.iter().cloned().collect(),
             refused: Vec::new(),
+            own_condition: None,
         }
     }
 }
@@ -71,7 +78,16 @@ impl Proxy {
             op,
             Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
         );
-        per_object && self.conditional_writes
+        per_object
+            && match self.conditional_writes {
+                ConditionalWrites::On => true,
+                ConditionalWrites::Off => false,
+                // A remote backend (the embedded store's writes die with
+                // the process, and it honours conditions anyway).
+                ConditionalWrites::Auto => {
+                    self.gate.doubts().landing().is_some() && self.probe.honours_writes()
+                }
+            }
     }
 
     /// Whether a write's condition is made to hold on the backend too
@@ -110,10 +126,13 @@ impl Proxy {
         admitted: &Admitted<'_>,
         out: &mut Outgoing,
     ) -> Result<Prepared, S3Error> {
-        let exchange = Exchange::of(admitted);
+        let mut exchange = Exchange::of(admitted);
         let op = &admitted.op;
         if self.held_on_backend(admitted) {
-            self.condition_on_current(out, &head.headers, op).await?;
+            let epoch = admitted.fenced.permit.as_ref().and_then(|p| p.epoch());
+            let epoch = epoch.unwrap_or(0);
+            let own = self.condition_on_current(out, &head.headers, op, epoch);
+            exchange.own_condition = own.await?.map(|object| (object, epoch));
             self.guarded_by_its_etag(admitted, [&out.headers, &head.headers])
                 .await?;
             if let Some(r) = &admitted.record {

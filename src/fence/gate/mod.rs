@@ -233,6 +233,12 @@ impl Permit {
         self.lease_lost.load(Ordering::SeqCst)
     }
 
+    /// Cluster mode with owners: the epoch of the tenure it was admitted
+    /// under.
+    pub fn epoch(&self) -> Option<i64> {
+        self.tenure.as_ref().map(|(_, t)| t.epoch)
+    }
+
     /// ETags this write must not leave its object with: a write in doubt
     /// there went with `If-Match` one of them (`fence::doubt`).
     pub fn guards(&self) -> &[Box<str>] {
