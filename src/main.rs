@@ -29,7 +29,9 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let cfg = match args.load() {
+    // What serving reads besides the file is checked here too, before
+    // start-up: a bad value exits 2, which the systemd unit does not retry.
+    let cfg = match args.load().and_then(|c| c.validate_serving().map(|()| c)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fencegate: {e}");

@@ -1,5 +1,5 @@
 //! Start-up and shutdown as an operator sees them: bad config stops start-up
-//! with exit code 2 naming the field; a damaged fence table stops it with a
+//! with exit code 2 naming the field, before start-up begins; a damaged fence table stops it with a
 //! clear message and is left as it was; SIGTERM drains in-flight requests
 //! and exits 0.
 
@@ -45,6 +45,80 @@ fn bad_config_exits_2_naming_the_field() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Bad values that start-up used to find only once it had begun (after
+/// the fence table, etcd or the ports), and then exit 1, which the systemd
+/// unit restarts forever: a short session key, a wildcard listener in
+/// cluster mode without `cluster.advertise`, no backend keys. Each exits 2
+/// naming its field, before anything starts.
+#[test]
+fn bad_values_found_before_start_up_exit_2_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let short = dir.path().join("short.key");
+    std::fs::write(&short, "0123456789\n").unwrap();
+    let server = |listen: &str| {
+        format!(
+            "[server]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n",
+            data.display()
+        )
+    };
+    let local = server("127.0.0.1:0");
+    let s3 = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:1\"\n";
+    let keys = "access_key_id = \"k\"\nsecret_access_key = \"s\"\n";
+    let cases = [
+        (
+            format!("{local}[sessions]\nkey_file = \"{}\"\n", short.display()),
+            "`sessions.key_file`",
+        ),
+        (
+            format!(
+                "{}{s3}{keys}[[credentials]]\naccess_key_id = \"operator\"\n\
+                 secret_access_key = \"operator-secret\"\n\
+                 [cluster]\netcd_endpoints = [\"http://127.0.0.1:1\"]\n",
+                server("0.0.0.0:0")
+            ),
+            "`cluster.advertise`",
+        ),
+        (format!("{local}{s3}"), "`backend.access_key_id`"),
+    ];
+    let mut wrong = Vec::new();
+    for (config, field) in cases {
+        let _ = std::fs::remove_dir_all(&data);
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, &config).unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .arg("--config")
+            .arg(&path)
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Without the check, the cluster case waits on etcd: a limit.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        let code = status.and_then(|s| s.code());
+        if code != Some(2) || !stderr.contains(field) || data.exists() {
+            let began = data.exists();
+            wrong.push(format!("{field}: exit {code:?}, began: {began}, {stderr}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 #[test]

@@ -23,6 +23,9 @@ pub const DEMO_ACCESS_KEY: &str = "fencegate-demo";
 /// Secret of the demo credential. Public on purpose: see [`Config::validate`].
 pub const DEMO_SECRET_KEY: &str = "fencegate-demo-secret-key";
 
+/// The shortest session key (`[sessions] key_file`) fencegate accepts.
+pub const MIN_SESSION_KEY_CHARS: usize = 32;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -497,10 +500,18 @@ impl Config {
         validate::credentials(&self.credentials, &self.server)?;
         validate::rules(&self.rules)?;
         if let Some(c) = &self.cluster {
-            validate::cluster(c, &self.backend)?;
+            validate::cluster(c, &self.backend, &self.server)?;
         }
         validate::sessions(&self.sessions)?;
         locks::validate(&self.locks, &self.eager)
+    }
+
+    /// What `fencegate serve` reads besides the file (the session keys, the
+    /// backend's keys from the file or the environment), checked before
+    /// start-up begins: a bad one is a config error, naming its field, not
+    /// a failed start (see `validate.rs`, `serving`).
+    pub fn validate_serving(&self) -> Result<(), ConfigError> {
+        validate::serving(self, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
     /// The admin bearer token: from the file, else `FENCEGATE_ADMIN_TOKEN`.

@@ -1,13 +1,16 @@
 //! The checks serde cannot make, one function per table, each naming the
 //! first field at fault. [`Config::validate`](super::Config::validate)
 //! calls them in order; the `[locks]` and `[[eager]]` checks are in
-//! `locks.rs`, beside their schema.
+//! `locks.rs`, beside their schema. [`serving`] checks what `fencegate
+//! serve` reads besides the file ([`Config::validate_serving`](super::Config::validate_serving)).
 
 use super::{
-    BackendConfig, BackendKind, ClusterConfig, ConfigError, Credential, DEMO_ACCESS_KEY,
-    DEMO_SECRET_KEY, FenceConfig, RuleConfig, RuleMode, ServerConfig, SessionsConfig, err,
+    BackendConfig, BackendKind, ClusterConfig, Config, ConfigError, Credential, DEMO_ACCESS_KEY,
+    DEMO_SECRET_KEY, FenceConfig, MIN_SESSION_KEY_CHARS, RuleConfig, RuleMode, ServerConfig,
+    SessionsConfig, err,
 };
 use std::collections::HashSet;
+use std::path::Path;
 
 /// `[server]`: region, domains, limits, TLS pair, admin bearer.
 pub(super) fn server(server: &ServerConfig) -> Result<(), ConfigError> {
@@ -194,9 +197,13 @@ pub(super) fn rules(rules: &[RuleConfig]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `[cluster]`: etcd endpoints, a prefix, a lease etcd can keep, and a
-/// backend every replica shares.
-pub(super) fn cluster(cluster: &ClusterConfig, backend: &BackendConfig) -> Result<(), ConfigError> {
+/// `[cluster]`: etcd endpoints, a prefix, a lease etcd can keep, a backend
+/// every replica shares, and an address the others can forward to.
+pub(super) fn cluster(
+    cluster: &ClusterConfig,
+    backend: &BackendConfig,
+    server: &ServerConfig,
+) -> Result<(), ConfigError> {
     if backend.kind == BackendKind::Embedded {
         return Err(err(
             "backend.kind",
@@ -222,13 +229,30 @@ pub(super) fn cluster(cluster: &ClusterConfig, backend: &BackendConfig) -> Resul
     if cluster.prefix.is_empty() {
         return Err(err("cluster.prefix", "must not be empty"));
     }
-    if let Some(url) = &cluster.advertise
-        && !(url.starts_with("http://") || url.starts_with("https://"))
-    {
-        return Err(err(
-            "cluster.advertise",
-            format!("{url:?} is not an http:// or https:// URL"),
-        ));
+    match &cluster.advertise {
+        Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+            return Err(err(
+                "cluster.advertise",
+                format!("{url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        None if server.listen.ip().is_unspecified() => {
+            let scheme = match server.tls_cert {
+                Some(_) => "https",
+                None => "http",
+            };
+            return Err(err(
+                "cluster.advertise",
+                format!(
+                    "required when server.listen is {}, which the other replicas cannot \
+                     reach as such: set the URL they should forward to, e.g. \
+                     \"{scheme}://10.0.0.5:{}\"",
+                    server.listen,
+                    server.listen.port()
+                ),
+            ));
+        }
+        _ => {}
     }
     if cluster.replica_ttl_ms < 2000 {
         return Err(err(
@@ -257,4 +281,159 @@ pub(super) fn sessions(s: &SessionsConfig) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// What `fencegate serve` reads besides the file, checked before start-up
+/// begins, so that a bad one stops it as a config error (exit 2, the field
+/// named) and not as a failed start a service manager would retry: the
+/// session keys (`[sessions]`'s files, or the one a single node keeps in
+/// its data directory), and with `kind = "s3"` the backend's keys, from the
+/// file or the environment. `env` looks a variable up (empty is unset).
+/// The other commands (`fencegate fences`) need neither.
+pub(super) fn serving(
+    cfg: &Config,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    session_keys(cfg)?;
+    let b = &cfg.backend;
+    if b.kind == BackendKind::S3 {
+        if b.access_key_id.is_none() && env("AWS_ACCESS_KEY_ID").is_none() {
+            return Err(err(
+                "backend.access_key_id",
+                "unset, and so is AWS_ACCESS_KEY_ID: fencegate signs what it sends \
+                 the backend with this key",
+            ));
+        }
+        if b.secret_access_key.is_none() && env("AWS_SECRET_ACCESS_KEY").is_none() {
+            return Err(err(
+                "backend.secret_access_key",
+                "unset, and so is AWS_SECRET_ACCESS_KEY: fencegate signs what it \
+                 sends the backend with this key",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The session keys `s3::session::keys_from_config` will load: each file
+/// `[sessions]` names readable and long enough; unnamed, on one node, the
+/// data directory's `session.key` long enough if it is there (it is made
+/// on first start).
+fn session_keys(cfg: &Config) -> Result<(), ConfigError> {
+    let s = &cfg.sessions;
+    let current = (s.key_file.iter()).map(|p| ("sessions.key_file".to_string(), p));
+    let previous = (s.previous_key_files.iter().enumerate())
+        .map(|(i, p)| (format!("sessions.previous_key_files[{i}]"), p));
+    for (field, path) in current.chain(previous) {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err(&field, format!("cannot read {}: {e}", path.display())))?;
+        long_enough(&field, path, &text)?;
+    }
+    if s.key_file.is_none() && cfg.cluster.is_none() {
+        let path = cfg.server.data_dir.join("session.key");
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            long_enough("sessions.key_file", &path, &text)
+                .map_err(|e| ConfigError(format!("{} (unset, so that file is the key)", e.0)))?;
+        }
+    }
+    Ok(())
+}
+
+fn long_enough(field: &str, path: &Path, text: &str) -> Result<(), ConfigError> {
+    let n = text.trim().len();
+    if n < MIN_SESSION_KEY_CHARS {
+        return Err(err(
+            field,
+            format!(
+                "the session key {} has {n} characters: at least {MIN_SESSION_KEY_CHARS} \
+                 are needed (make one with `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'`)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn the_backend_keys_come_from_the_file_or_the_environment() {
+        let s3 = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:1\"\n";
+        let cfg = Config::parse(s3).unwrap();
+        cfg.validate().unwrap();
+        let e = serving(&cfg, &no_env).unwrap_err();
+        assert!(e.to_string().contains("`backend.access_key_id`"), "{e}");
+        let only_id = |k: &str| (k == "AWS_ACCESS_KEY_ID").then(|| "id".to_string());
+        let e = serving(&cfg, &only_id).unwrap_err();
+        assert!(e.to_string().contains("`backend.secret_access_key`"), "{e}");
+        serving(&cfg, &|_| Some("k".into())).unwrap();
+        let keys = "access_key_id = \"k\"\nsecret_access_key = \"s\"\n";
+        let cfg = Config::parse(&format!("{s3}{keys}")).unwrap();
+        serving(&cfg, &no_env).unwrap();
+    }
+
+    #[test]
+    fn a_wildcard_listener_needs_cluster_advertise() {
+        let cluster = "[backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:1\"\n\
+                       [[credentials]]\naccess_key_id = \"a\"\nsecret_access_key = \"b\"\n\
+                       [cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n";
+        let check = |listen: &str, more: &str| {
+            let text = format!("[server]\nlisten = \"{listen}\"\n{cluster}{more}");
+            Config::parse(&text)
+                .unwrap()
+                .validate()
+                .map_err(|e| e.to_string())
+        };
+        for wildcard in ["0.0.0.0:9000", "[::]:9000"] {
+            let e = check(wildcard, "").unwrap_err();
+            assert!(e.contains("`cluster.advertise`: required"), "{e}");
+            check(wildcard, "advertise = \"http://10.0.0.5:9000\"\n").unwrap();
+        }
+        check("10.0.0.5:9000", "").unwrap();
+    }
+
+    #[test]
+    fn a_short_session_key_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (short, long) = (dir.path().join("short"), dir.path().join("long"));
+        std::fs::write(&short, "too-short\n").unwrap();
+        std::fs::write(&long, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let sessions = |files: &str| {
+            let data = dir.path().display();
+            let text = format!("[server]\ndata_dir = \"{data}\"\n[sessions]\n{files}");
+            serving(&Config::parse(&text).unwrap(), &no_env).map_err(|e| e.to_string())
+        };
+        let (s, l) = (short.display(), long.display());
+        let e = sessions(&format!("key_file = \"{s}\"\n")).unwrap_err();
+        assert!(
+            e.contains("`sessions.key_file`") && e.contains("9 characters"),
+            "{e}"
+        );
+        let e = sessions(&format!(
+            "key_file = \"{l}\"\nprevious_key_files = [\"{l}\", \"{s}\"]\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("`sessions.previous_key_files[1]`"), "{e}");
+        sessions(&format!("key_file = \"{l}\"\n")).unwrap();
+        let e = sessions(&format!(
+            "key_file = \"{}\"\n",
+            dir.path().join("none").display()
+        ))
+        .unwrap_err();
+        assert!(e.contains("`sessions.key_file`: cannot read"), "{e}");
+        // Unnamed: the data directory's, when it is there.
+        sessions("").unwrap();
+        std::fs::write(dir.path().join("session.key"), "short\n").unwrap();
+        let e = sessions("").unwrap_err();
+        assert!(
+            e.contains("`sessions.key_file`") && e.contains("session.key"),
+            "{e}"
+        );
+    }
 }

@@ -199,9 +199,10 @@ fn read_key(path: &Path) -> Result<IssuingKey, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("session key {}: {e}", path.display()))?;
     let key = text.trim().as_bytes().to_vec();
-    if key.len() < 32 {
+    let least = crate::config::MIN_SESSION_KEY_CHARS;
+    if key.len() < least {
         return Err(format!(
-            "session key {} has {} characters: at least 32 are needed \
+            "session key {} has {} characters: at least {least} are needed \
              (make one with `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'`)",
             path.display(),
             key.len()
