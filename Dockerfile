@@ -10,8 +10,11 @@
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
+# Every target Cargo.toml declares must be here for cargo to load it (the
+# [[bench]] too): tests/deploy.rs loads the package from what these lines copy.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY benches ./benches
 RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler && rm -rf /var/lib/apt/lists/*
 RUN cargo build --release --locked --bin fencegate
 
