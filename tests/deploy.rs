@@ -1,7 +1,8 @@
-//! What ships beside the binary, checked without Docker or systemd: the
-//! container image's build stage builds from exactly the files the
-//! Dockerfile copies, and the systemd unit does not restart on a config
-//! error (exit 2).
+//! What ships beside the binary, checked without Docker, systemd or a
+//! running nginx: the container image's build stage builds from exactly
+//! the files the Dockerfile copies, the systemd unit does not restart on a
+//! config error (exit 2), and `scripts/balancer` sends no request to a
+//! second replica unless its retry recipe is asked for.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -180,4 +181,95 @@ fn the_systemd_unit_does_not_restart_on_a_config_error() {
         values("RestartPreventExitStatus").contains(&"2".to_string()),
         "RestartPreventExitStatus must list 2"
     );
+}
+
+/// `scripts/balancer`'s nginx.conf as it writes it, `BALANCER_RETRY` set to
+/// `retry` (or unset), with `/bin/true` standing in for nginx on the PATH;
+/// the real nginx, where there is one, tests it (`nginx -t`).
+fn balancer_conf(retry: Option<&str>) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink("/bin/true", bin.join("nginx")).unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let lb = dir.path().join("lb");
+    let mut balancer = Command::new(Path::new(ROOT).join("scripts/balancer"));
+    balancer
+        .env("PATH", format!("{}:{path}", bin.display()))
+        .env_remove("BALANCE")
+        .env_remove("BALANCER_RETRY");
+    if let Some(r) = retry {
+        balancer.env("BALANCER_RETRY", r);
+    }
+    let out = (balancer.arg("127.0.0.1:1").arg(&lb))
+        .args(["127.0.0.1:2", "127.0.0.1:3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scripts/balancer: {stderr}");
+    let conf_path = lb.join("nginx.conf");
+    let conf = std::fs::read_to_string(&conf_path).unwrap();
+    let nginx = (std::env::split_paths(&path).map(|d| d.join("nginx")))
+        .chain([PathBuf::from("/usr/sbin/nginx")])
+        .find(|p| p.is_file());
+    if let Some(nginx) = nginx {
+        let t = Command::new(nginx)
+            .arg("-t")
+            .arg("-p")
+            .arg(&lb)
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-e")
+            .arg(lb.join("error.log"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&t.stderr);
+        assert!(t.status.success(), "nginx -t: {stderr}\n{conf}");
+    }
+    conf
+}
+
+/// The `proxy_next_upstream*` and body buffering directives of an nginx
+/// config, comments left out, whitespace collapsed, in order.
+fn retry_directives(conf: &str) -> Vec<String> {
+    let code: Vec<&str> = conf.lines().map(|l| l.split('#').next().unwrap()).collect();
+    (code.join("\n").split([';', '{', '}']))
+        .map(|d| d.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|d| {
+            [
+                "proxy_next_upstream",
+                "proxy_request_buffering",
+                "client_body_buffer_size",
+            ]
+            .iter()
+            .any(|name| d.starts_with(name))
+        })
+        .collect()
+}
+
+/// By default the balancer never sends a request to a second replica:
+/// nginx's `proxy_next_upstream error timeout` (what it had) resends a PUT
+/// after an error or a timeout, when the first replica may have acted on
+/// it (docs/cluster.md, "The balancer's retry recipe"). With
+/// `BALANCER_RETRY=1` it has the recipe's directives, as docs/cluster.md
+/// shows them.
+#[test]
+fn the_balancer_sends_no_request_to_a_second_replica_unless_asked() {
+    let plain = retry_directives(&balancer_conf(None));
+    let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
+    assert_eq!(
+        plain,
+        ["proxy_request_buffering off", "proxy_next_upstream off"]
+    );
+    let doc = read("docs/cluster.md");
+    let recipe = doc
+        .split("```nginx")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/cluster.md shows the nginx recipe");
+    let mut shown = retry_directives(recipe);
+    let mut written = retry_directives(&balancer_conf(Some("1")));
+    shown.sort();
+    written.sort();
+    assert_eq!(written, shown);
 }
