@@ -22,7 +22,6 @@
 
 use redb::{Database, TableDefinition};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -33,8 +32,6 @@ pub struct DbFile {
     path: PathBuf,
     cache_bytes: usize,
     state: Mutex<State>,
-    /// Writes that failed, for a metric.
-    failures: AtomicU64,
 }
 
 struct State {
@@ -67,7 +64,6 @@ impl DbFile {
                 old: Weak::new(),
                 failing: None,
             }),
-            failures: AtomicU64::new(0),
         }))
     }
 
@@ -131,7 +127,6 @@ impl DbFile {
     /// handle is given up, to be opened again, and writes are refused
     /// until the probe succeeds.
     pub fn failed(&self, e: &redb::Error) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
         let mut st = self.lock();
         st.failing = Some(format!("{}: {e}", self.path.display()));
         if needs_reopen(e)
@@ -144,11 +139,6 @@ impl DbFile {
     /// Why writes fail now, if they do (for readiness).
     pub fn failing(&self) -> Option<String> {
         self.lock().failing.clone()
-    }
-
-    /// Writes that failed since start-up.
-    pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
     }
 
     /// Tries a durable write of the probe row; clears the failure if it

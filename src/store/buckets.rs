@@ -5,7 +5,7 @@
 use super::index::{BUCKETS, OBJECTS, UPLOADS};
 use super::multipart::drop_upload;
 use super::{Store, internal, now_ms, timestamp};
-use redb::{ReadableTable, ReadableTableMetadata};
+use redb::ReadableTable;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
@@ -85,17 +85,6 @@ impl Store {
         let bucket = req.input.bucket;
         self.bucket_must_exist(bucket).await?;
         Ok(S3Response::new(GetBucketLocationOutput::default()))
-    }
-
-    /// How many objects the index holds, in every bucket (memory tests).
-    pub async fn object_count(&self) -> S3Result<u64> {
-        self.in_read_txn(|txn| {
-            txn.open_table(OBJECTS)
-                .map_err(internal)?
-                .len()
-                .map_err(internal)
-        })
-        .await
     }
 
     pub(super) async fn list_buckets(

@@ -216,11 +216,6 @@ impl Upstream {
         }
     }
 
-    /// Whether the backend is the embedded store, in this process.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.transport, Transport::InProcess(_))
-    }
-
     /// How long a backend may take to answer (and, for an answer's body,
     /// between two pieces of it).
     pub fn timeout(&self) -> Duration {
