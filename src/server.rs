@@ -241,6 +241,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
     let proxy = Proxy::new(cfg, gate.clone(), upstream, sessions.clone(), probe.clone());
     let proxy = proxy.map_err(StartError)?;
     let proxy = Arc::new(proxy);
+    proxy.settle_doubts();
     let admin = Arc::new(Admin {
         gate,
         metrics,

@@ -377,3 +377,38 @@ async fn a_conditioned_write_needs_no_head_when_fencegate_knows_the_etag() {
     assert_eq!(heads(), 2);
     assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"v4"));
 }
+
+/// A read with a newer token is not forwarded while a write in doubt on
+/// its resource may still land, even where the backend would order a
+/// newer write after it: it waits until a look at the object finds it no
+/// longer what the write's condition wants (here: the write landed, when
+/// the backend let it go), and so it sees that write.
+#[tokio::test]
+async fn a_newer_read_waits_until_the_write_in_doubt_is_settled() {
+    let be = TestBackend::start().await;
+    let mut fg = judging(&be, &fence(30_000, 8000), &[]).await;
+    let r = RawClient::new(&fg.endpoint())
+        .send(RawRequest::put("/demo/k", "v0").token(32))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    stall_33(&be, &fg).await;
+    fg.kill9_and_restart();
+    wait_for_probe(&fg).await;
+    let raw = Arc::new(RawClient::new(&fg.endpoint()));
+    let read = {
+        let raw = raw.clone();
+        tokio::spawn(async move {
+            let get = RawRequest::new(http::Method::GET, "/demo/k").token(34);
+            raw.send(get).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        !read.is_finished(),
+        "the read went before 33 could no longer land"
+    );
+    be.release(33);
+    let r = read.await.unwrap().unwrap();
+    assert_eq!((r.status, r.body.as_str()), (200, "old"));
+}

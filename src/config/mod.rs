@@ -214,8 +214,9 @@ pub struct FenceConfig {
     pub conditional_writes: ConditionalWrites,
 }
 
-/// `fence.conditional_writes`: `true`, `false`, or `"auto"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `fence.conditional_writes`: `true`, `false`, or `"auto"` (and shown as
+/// written).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub enum ConditionalWrites {
     /// On in front of a remote backend the probe found honouring them.
     #[default]
@@ -224,22 +225,39 @@ pub enum ConditionalWrites {
     Off,
 }
 
+impl std::fmt::Debug for ConditionalWrites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConditionalWrites::Auto => "\"auto\"",
+            ConditionalWrites::On => "true",
+            ConditionalWrites::Off => "false",
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for ConditionalWrites {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bool(bool),
-            Word(String),
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = ConditionalWrites;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("true, false or \"auto\"")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<ConditionalWrites, E> {
+                Ok(match v {
+                    true => ConditionalWrites::On,
+                    false => ConditionalWrites::Off,
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ConditionalWrites, E> {
+                match v {
+                    "auto" => Ok(ConditionalWrites::Auto),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
         }
-        match Raw::deserialize(d)? {
-            Raw::Bool(true) => Ok(ConditionalWrites::On),
-            Raw::Bool(false) => Ok(ConditionalWrites::Off),
-            Raw::Word(w) if w == "auto" => Ok(ConditionalWrites::Auto),
-            Raw::Word(w) => Err(serde::de::Error::custom(format!(
-                "conditional_writes: {w:?} is not true, false or \"auto\""
-            ))),
-        }
+        // A self-describing format (TOML) gives what it has either way.
+        d.deserialize_bool(Visit)
     }
 }
 

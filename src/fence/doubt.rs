@@ -6,26 +6,32 @@
 //! Such a write may still land, up to `fence.quarantine_ms` after it was
 //! lost (or after the restart that found it in the landing record,
 //! `landing.rs`). Until then it keeps its place, as a write in flight
-//! would, with one difference the backend makes possible:
+//! would: a request with a newer token on its resource waits, and a write
+//! to its object waits where the object hold would have made it wait
+//! (`hold.rs`). What the backend can settle sooner:
 //!
 //! - **Not orderable** (it went without a condition, or to a backend that
-//!   ignores them): a request with a newer token on its resource waits,
-//!   and a write to its object waits where the object hold would have
-//!   made it wait (`hold.rs`): for the quarantine.
+//!   ignores them): nothing; the quarantine is waited out.
 //! - **Orderable**: a PutObject that went with `If-Match: <etag>` or
 //!   `If-None-Match: *` to a backend the probe found honouring both. The
-//!   backend judges that condition when it applies the write, so once a
-//!   newer write has changed the object, the write in doubt can never
-//!   land. A newer request on its resource is forwarded at once when the
-//!   backend orders the two: a read; a PutObject of the same object (after
-//!   an `If-Match` doubt, only if its body's MD5, which is the ETag it
-//!   leaves, is not the one the doubt expects: otherwise the object would
-//!   come back to what the doubt's condition wants, and it could land
-//!   after); a delete of the object after an `If-Match` doubt; a request
-//!   that changes no object (a multipart upload's parts). Anything else
-//!   (a copy or a completed upload, whose ETag cannot be known before;
-//!   a delete after an `If-None-Match` doubt; a write to another object
-//!   of a shared resource) waits for the quarantine.
+//!   backend judges that condition when it applies the write: once the
+//!   object is no longer what the condition wants, the write can never
+//!   land, unless the object comes back to it.
+//!   - A PutObject of the same object is forwarded at once: if it lands
+//!     first, the write in doubt cannot land after it. After an `If-Match`
+//!     doubt, its body's MD5 (the ETag it leaves) must not be the one the
+//!     doubt expects, or the object would come back to it (checked before
+//!     its last bytes go: `Permit::guards`). A copy or completed upload,
+//!     whose ETag cannot be known before, waits; so does a delete after
+//!     an `If-None-Match` doubt (the key would be free again).
+//!   - The doubt is **settled** once a look at the object (a HEAD, by the
+//!     proxy, `proxy/in_doubt.rs`) finds it no longer what the condition
+//!     wants: the write landed, or never can. Until then a read with a
+//!     newer token, and a write to another object of a shared resource,
+//!     wait; from then on they go. (What would give the object back the
+//!     ETag the doubt expects still waits, until the quarantine.)
+//!   - A request that changes no object (a multipart upload's create,
+//!     parts and abort) goes at once.
 //!
 //! A **blanket** doubt is what a start with an untrustworthy record
 //! leaves: nothing is known, so every fenced request and every write to an
@@ -40,6 +46,7 @@ use dashmap::DashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// How often expired doubts are swept (and their records let go).
@@ -56,11 +63,26 @@ pub enum Touch<'a> {
     Put { object: &'a str, md5_etag: bool },
     /// A DeleteObject (or one key of DeleteObjects) of this object.
     Delete { object: &'a str },
+    /// A CopyObject or CompleteMultipartUpload to this object: it replaces
+    /// it with an ETag not known before.
+    Replace { object: &'a str },
     /// A request that changes no object (a multipart upload's create,
     /// parts and abort).
     Keeps,
-    /// Anything else: waits for every doubt.
+    /// Anything else (tagging, ACLs...).
     Other,
+}
+
+impl Touch<'_> {
+    /// The object the request changes, if it names one.
+    fn object(&self) -> Option<&str> {
+        match self {
+            Touch::Put { object, .. } | Touch::Delete { object } | Touch::Replace { object } => {
+                Some(object)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The answer to a request on a resource with writes in doubt.
@@ -68,8 +90,9 @@ pub enum Touch<'a> {
 pub enum Verdict {
     /// Forwarded, as long as its body's MD5 is none of these ETags.
     Admit(Vec<Box<str>>),
-    /// Not before this instant.
-    WaitUntil(Instant),
+    /// Not before this instant; or sooner, when `settles`, once the doubt
+    /// is settled ([`Doubts::settled`] wakes the waiters).
+    WaitUntil { until: Instant, settles: bool },
 }
 
 /// Whether the backend judges the conditions it is sent: set from the
@@ -97,12 +120,25 @@ impl BackendJudges {
     }
 }
 
+/// An orderable doubt to look at: its object, and what its condition
+/// wants the object to be (`Sent::IfMatch`, or `Sent::IfNoneMatch`:
+/// absent). Settled by [`Doubts::settle`] when it no longer is.
+#[derive(Debug, Clone)]
+pub struct ToProbe {
+    pub object: Box<str>,
+    pub sent: Sent,
+    pub until: Instant,
+}
+
 /// A write in doubt, on its resource.
 struct Doubt {
     token: u64,
     object: u64,
     sent: Sent,
     orderable: bool,
+    /// An orderable doubt whose object was seen to be no longer what its
+    /// condition wants.
+    settled: Arc<AtomicBool>,
     until: Instant,
     _record: Option<Arc<Record>>,
 }
@@ -115,15 +151,28 @@ struct ObjectDoubt {
     _record: Option<Arc<Record>>,
 }
 
+enum Pass {
+    Yes,
+    /// Yes, unless the body's MD5 is this ETag.
+    Unless(Box<str>),
+    No,
+}
+
 /// Every write in doubt in this process.
 pub struct Doubts {
     any: AtomicBool,
     resources: DashMap<u64, Vec<Doubt>>,
     objects: DashMap<u64, Vec<ObjectDoubt>>,
+    /// The settled flags of orderable doubts, by object.
+    settling: DashMap<u64, Vec<(Sent, Arc<AtomicBool>)>>,
     blanket: Mutex<Option<Instant>>,
     /// The record the doubts' slots are in, and the hash of names.
     landing: Option<Arc<Landing>>,
     judges: Arc<BackendJudges>,
+    probes: mpsc::UnboundedSender<ToProbe>,
+    to_probe: Mutex<Option<mpsc::UnboundedReceiver<ToProbe>>>,
+    /// Woken whenever a doubt is settled.
+    settled: tokio::sync::Notify,
 }
 
 impl Doubts {
@@ -131,14 +180,24 @@ impl Doubts {
     /// embedded store, whose writes die with the process: nothing is ever
     /// in doubt there).
     pub fn new(landing: Option<Arc<Landing>>) -> Doubts {
+        let (probes, to_probe) = mpsc::unbounded_channel();
         Doubts {
             any: AtomicBool::new(false),
             resources: DashMap::new(),
             objects: DashMap::new(),
+            settling: DashMap::new(),
             blanket: Mutex::new(None),
             landing,
             judges: Arc::default(),
+            probes,
+            to_probe: Mutex::new(Some(to_probe)),
+            settled: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Resolves at the next settlement (enable it before looking).
+    pub fn settled(&self) -> tokio::sync::futures::Notified<'_> {
+        self.settled.notified()
     }
 
     /// What the backend judges (shared with the probe).
@@ -149,6 +208,15 @@ impl Doubts {
     /// The record of writes that may land, if there is one.
     pub fn landing(&self) -> Option<&Arc<Landing>> {
         self.landing.as_ref()
+    }
+
+    /// The orderable doubts to look at, as they come (taken once, by
+    /// whoever can send the backend a HEAD).
+    pub fn take_probes(&self) -> Option<mpsc::UnboundedReceiver<ToProbe>> {
+        self.to_probe
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     fn hash(&self, name: &str) -> u64 {
@@ -163,6 +231,7 @@ impl Doubts {
     /// `write` is in doubt until `until`; `record` (its slot in the
     /// landing record) is let go then.
     pub fn add(&self, write: &Write, record: Option<Arc<Record>>, until: Instant) {
+        let settled = Arc::new(AtomicBool::new(false));
         if let (Some(token), true) = (write.token, write.resource != 0) {
             self.resources
                 .entry(write.resource)
@@ -172,6 +241,7 @@ impl Doubts {
                     object: write.object,
                     sent: write.sent.clone(),
                     orderable: write.orderable,
+                    settled: settled.clone(),
                     until,
                     _record: record.clone(),
                 });
@@ -187,8 +257,30 @@ impl Doubts {
                     _record: record,
                 });
         }
+        if let (true, Some(name)) = (write.orderable, &write.name) {
+            let entry = (write.sent.clone(), settled);
+            self.settling.entry(write.object).or_default().push(entry);
+            let probe = ToProbe {
+                object: name.clone(),
+                sent: write.sent.clone(),
+                until,
+            };
+            let _ = self.probes.send(probe);
+        }
         self.any.store(true, Ordering::Release);
         metrics::counter!(m::WRITES_IN_DOUBT).increment(1);
+    }
+
+    /// `object` was seen to be no longer what `sent` wants: the orderable
+    /// doubts on it that went with `sent` are settled.
+    pub fn settle(&self, object: &str, sent: &Sent) {
+        if let Some(ds) = self.settling.get(&self.hash(object)) {
+            for (s, settled) in ds.iter().filter(|(s, _)| s == sent) {
+                settled.store(true, Ordering::Release);
+                tracing::info!(object, condition = ?s, "a write in doubt is settled: its object is no longer what its condition wants");
+            }
+        }
+        self.settled.notify_waiters();
     }
 
     /// Nothing is known of what may land: every fenced request and every
@@ -208,21 +300,34 @@ impl Doubts {
     /// Writes in doubt now (not counting a blanket one).
     pub fn count(&self) -> usize {
         let now = Instant::now();
-        let resources: usize = self
+        let on = |ds: &[ObjectDoubt]| ds.iter().filter(|d| d.until > now).count();
+        let objects: usize = self.objects.iter().map(|e| on(e.value())).sum();
+        let fenced: usize = self
             .resources
             .iter()
             .map(|e| e.value().iter().filter(|d| d.until > now).count())
             .sum();
-        let objects_only: usize = self
-            .objects
-            .iter()
-            .map(|e| e.value().iter().filter(|d| d.until > now).count())
-            .sum();
-        resources.max(objects_only)
+        objects.max(fenced)
     }
 
     /// Whether any write is in doubt on `resource` (or nothing is known).
     pub fn on(&self, resource: &str) -> bool {
+        self.any_on(resource, |_| true)
+    }
+
+    /// Whether a write in doubt on `resource` may still land after a
+    /// newer request that knows nothing of it: at another replica (cluster
+    /// mode). Only a settled `If-Match` doubt cannot (the successor guards
+    /// no ETag, which is the limit cluster.md states).
+    pub fn unordered_on(&self, resource: &str) -> bool {
+        self.any_on(resource, |d| {
+            !(d.orderable
+                && matches!(d.sent, Sent::IfMatch(_))
+                && d.settled.load(Ordering::Acquire))
+        })
+    }
+
+    fn any_on(&self, resource: &str, counts: impl Fn(&Doubt) -> bool) -> bool {
         if !self.any() {
             return false;
         }
@@ -232,24 +337,7 @@ impl Doubts {
         let now = Instant::now();
         self.resources
             .get(&self.hash(resource))
-            .is_some_and(|ds| ds.iter().any(|d| d.until > now))
-    }
-
-    /// Whether a write in doubt on `resource` may still land after a
-    /// newer write the backend does not order against it (cluster mode:
-    /// an owner keeps its in-flight marker for it).
-    pub fn unordered_on(&self, resource: &str) -> bool {
-        if !self.any() {
-            return false;
-        }
-        if self.blanket_until().is_some() {
-            return true;
-        }
-        let now = Instant::now();
-        self.resources.get(&self.hash(resource)).is_some_and(|ds| {
-            ds.iter()
-                .any(|d| d.until > now && (!d.orderable || matches!(d.sent, Sent::IfNoneMatch)))
-        })
+            .is_some_and(|ds| ds.iter().any(|d| d.until > now && counts(d)))
     }
 
     /// Whether a request with `token` on `resource`, doing `touch`, is
@@ -259,45 +347,43 @@ impl Doubts {
             return Verdict::Admit(Vec::new());
         }
         if let Some(until) = self.blanket_until() {
-            return Verdict::WaitUntil(until);
+            let settles = false;
+            return Verdict::WaitUntil { until, settles };
         }
         let Some(ds) = self.resources.get(&self.hash(resource)) else {
             return Verdict::Admit(Vec::new());
         };
         let now = Instant::now();
+        let object = touch.object().map(|o| self.hash(o));
         let mut guards = Vec::new();
         let mut wait: Option<Instant> = None;
-        for d in ds.iter().filter(|d| d.until > now && d.token < token) {
-            match self.passes(d, touch) {
+        let mut settles = true;
+        for d in ds.iter().filter(|d| d.until > now && d.token <= token) {
+            let same_object = object == Some(d.object);
+            let pass = match d.token < token {
+                true => passes(d, touch, same_object),
+                // The same token is not ordered against its own writes;
+                // but it must not give the object back what the doubt's
+                // condition wants either.
+                false => match (touch, &d.sent) {
+                    (Touch::Put { .. }, Sent::IfMatch(e)) if same_object && d.orderable => {
+                        Pass::Unless(e.clone())
+                    }
+                    _ => Pass::Yes,
+                },
+            };
+            match pass {
                 Pass::Yes => {}
                 Pass::Unless(etag) => guards.push(etag),
-                Pass::No => wait = wait.max(Some(d.until)),
+                Pass::No => {
+                    wait = wait.max(Some(d.until));
+                    settles &= passes_once_settled(d, touch, same_object);
+                }
             }
         }
         match wait {
-            Some(until) => Verdict::WaitUntil(until),
+            Some(until) => Verdict::WaitUntil { until, settles },
             None => Verdict::Admit(guards),
-        }
-    }
-
-    /// The rule of the module doc, for one doubt.
-    fn passes(&self, d: &Doubt, touch: Touch<'_>) -> Pass {
-        if !d.orderable {
-            return Pass::No;
-        }
-        match (touch, &d.sent) {
-            (Touch::Read | Touch::Keeps, _) => Pass::Yes,
-            (Touch::Put { object, md5_etag }, sent) if self.hash(object) == d.object => {
-                match sent {
-                    Sent::IfNoneMatch => Pass::Yes,
-                    Sent::IfMatch(etag) if md5_etag => Pass::Unless(etag.clone()),
-                    _ => Pass::No,
-                }
-            }
-            (Touch::Delete { object }, Sent::IfMatch(_)) if self.hash(object) == d.object => {
-                Pass::Yes
-            }
-            _ => Pass::No,
         }
     }
 
@@ -350,6 +436,11 @@ impl Doubts {
             ds.retain(|d| d.until > now);
             !ds.is_empty()
         });
+        // A settling flag outlives its doubt only while a probe holds it.
+        self.settling.retain(|_, ds| {
+            ds.retain(|(_, s)| Arc::strong_count(s) > 1);
+            !ds.is_empty()
+        });
         let blanket = {
             let mut b = self.blanket.lock().unwrap_or_else(|p| p.into_inner());
             if b.is_some_and(|until| until <= now) {
@@ -368,148 +459,45 @@ impl Doubts {
     }
 }
 
-enum Pass {
-    Yes,
-    /// Yes, unless the body's MD5 is this ETag.
-    Unless(Box<str>),
-    No,
+/// Whether `touch`, waiting for `d`, would go once `d` is settled.
+fn passes_once_settled(d: &Doubt, touch: Touch<'_>, same_object: bool) -> bool {
+    d.orderable && !d.settled.load(Ordering::Acquire) && {
+        let settled = AtomicBool::new(true);
+        let as_settled = Doubt {
+            token: d.token,
+            object: d.object,
+            sent: d.sent.clone(),
+            orderable: true,
+            settled: Arc::new(settled),
+            until: d.until,
+            _record: None,
+        };
+        !matches!(passes(&as_settled, touch, same_object), Pass::No)
+    }
+}
+
+/// The rule of the module doc, for one doubt with a lower token.
+fn passes(d: &Doubt, touch: Touch<'_>, same_object: bool) -> Pass {
+    if !d.orderable {
+        return Pass::No;
+    }
+    let settled = d.settled.load(Ordering::Acquire);
+    match (touch, &d.sent) {
+        (Touch::Keeps, _) => Pass::Yes,
+        (Touch::Put { md5_etag, .. }, Sent::IfMatch(etag)) if same_object => match md5_etag {
+            true => Pass::Unless(etag.clone()),
+            false => Pass::No,
+        },
+        (Touch::Put { .. } | Touch::Replace { .. }, Sent::IfNoneMatch) if same_object => Pass::Yes,
+        (Touch::Delete { .. }, Sent::IfMatch(_)) if same_object => Pass::Yes,
+        // What would give the object back what the doubt wants.
+        (Touch::Replace { .. }, _) | (Touch::Delete { .. }, Sent::IfNoneMatch) if same_object => {
+            Pass::No
+        }
+        _ if settled => Pass::Yes,
+        _ => Pass::No,
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn doubts() -> (tempfile::TempDir, Doubts) {
-        let dir = tempfile::tempdir().unwrap();
-        let landing = Landing::open(dir.path(), false).unwrap().landing;
-        (dir, Doubts::new(Some(landing)))
-    }
-
-    fn write(d: &Doubts, token: u64, sent: Sent, orderable: bool) -> Write {
-        Write {
-            token: Some(token),
-            resource: d.hash("b/k"),
-            object: d.hash("b/k"),
-            sent,
-            orderable,
-            alone: false,
-        }
-    }
-
-    fn later() -> Instant {
-        Instant::now() + Duration::from_secs(30)
-    }
-
-    #[tokio::test]
-    async fn an_unorderable_doubt_holds_every_newer_token_back() {
-        let (_dir, d) = doubts();
-        let until = later();
-        d.add(&write(&d, 33, Sent::Plain, false), None, until);
-        let put = Touch::Put {
-            object: "b/k",
-            md5_etag: true,
-        };
-        for touch in [put, Touch::Read, Touch::Keeps, Touch::Other] {
-            assert_eq!(d.admits("b/k", 34, touch), Verdict::WaitUntil(until));
-        }
-        // Its own token, and other resources, go on.
-        assert_eq!(d.admits("b/k", 33, put), Verdict::Admit(vec![]));
-        assert_eq!(d.admits("b/j", 34, put), Verdict::Admit(vec![]));
-    }
-
-    #[tokio::test]
-    async fn an_orderable_doubt_lets_through_what_the_backend_orders() {
-        let (_dir, d) = doubts();
-        let until = later();
-        d.add(
-            &write(&d, 33, Sent::IfMatch("e0".into()), true),
-            None,
-            until,
-        );
-        let put = |md5_etag| Touch::Put {
-            object: "b/k",
-            md5_etag,
-        };
-        assert_eq!(d.admits("b/k", 34, Touch::Read), Verdict::Admit(vec![]));
-        assert_eq!(
-            d.admits("b/k", 34, put(true)),
-            Verdict::Admit(vec!["e0".into()])
-        );
-        assert_eq!(d.admits("b/k", 34, put(false)), Verdict::WaitUntil(until));
-        let delete = Touch::Delete { object: "b/k" };
-        assert_eq!(d.admits("b/k", 34, delete), Verdict::Admit(vec![]));
-        assert_eq!(d.admits("b/k", 34, Touch::Other), Verdict::WaitUntil(until));
-        // Another object of the resource is not ordered by the backend.
-        let other = Touch::Put {
-            object: "b/other",
-            md5_etag: true,
-        };
-        assert_eq!(d.admits("b/k", 34, other), Verdict::WaitUntil(until));
-    }
-
-    #[tokio::test]
-    async fn after_a_put_if_absent_in_doubt_a_delete_waits() {
-        let (_dir, d) = doubts();
-        let until = later();
-        d.add(&write(&d, 33, Sent::IfNoneMatch, true), None, until);
-        let put = Touch::Put {
-            object: "b/k",
-            md5_etag: false,
-        };
-        assert_eq!(d.admits("b/k", 34, put), Verdict::Admit(vec![]));
-        let delete = Touch::Delete { object: "b/k" };
-        assert_eq!(d.admits("b/k", 34, delete), Verdict::WaitUntil(until));
-        assert!(d.unordered_on("b/k"));
-    }
-
-    #[tokio::test]
-    async fn object_doubts_hold_writes_as_the_hold_would() {
-        let (_dir, d) = doubts();
-        let until = later();
-        let mut w = write(&d, 1, Sent::IfNoneMatch, false);
-        w.token = None;
-        w.alone = true;
-        d.add(&w, None, until);
-        // A conditional write in doubt at a store that ignores conditions:
-        // every write to the object waits.
-        assert_eq!(d.holds("b/k", false, false), Some(until));
-        assert_eq!(d.holds("b/k", true, true), Some(until));
-        assert_eq!(d.holds("b/other", true, false), None);
-        let (_dir2, d) = doubts();
-        let mut w = write(&d, 1, Sent::Plain, false);
-        w.token = None;
-        d.add(&w, None, until);
-        // An unconditional one: only conditional writes the store does not
-        // judge wait.
-        assert_eq!(d.holds("b/k", false, false), None);
-        assert_eq!(d.holds("b/k", true, true), None);
-        assert_eq!(d.holds("b/k", true, false), Some(until));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn doubts_end_with_their_time_and_let_their_records_go() {
-        let dir = tempfile::tempdir().unwrap();
-        let landing = Landing::open(dir.path(), false).unwrap().landing;
-        let d = Arc::new(Doubts::new(Some(landing.clone())));
-        d.sweep();
-        let w = write(&d, 33, Sent::Plain, false);
-        let record = landing.record(&w).unwrap();
-        d.add(
-            &w,
-            Some(Arc::new(record)),
-            Instant::now() + Duration::from_secs(2),
-        );
-        d.blanket(Instant::now() + Duration::from_secs(1));
-        assert_eq!(landing.taken(), 1);
-        assert!(matches!(
-            d.admits("b/j", 1, Touch::Read),
-            Verdict::WaitUntil(_)
-        ));
-        tokio::time::sleep(Duration::from_millis(1600)).await;
-        assert_eq!(d.admits("b/j", 1, Touch::Read), Verdict::Admit(vec![]));
-        assert!(d.any());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(landing.taken(), 0);
-        assert!(!d.any());
-    }
-}
+mod tests;

@@ -42,11 +42,11 @@ pub const FILE: &str = "landing";
 
 /// Writes recorded at once at most; past that a write goes unrecorded
 /// and the file says so (the next unclean start is then a blanket one).
-pub const SLOTS: usize = 65_536;
+pub const SLOTS: usize = 32_768;
 
 const MAGIC: &[u8; 8] = b"FGLAND01";
 const HEADER: usize = 4096;
-const SLOT: usize = 128;
+const SLOT: usize = 512;
 const LEN: usize = HEADER + SLOTS * SLOT;
 
 // Header fields (offsets).
@@ -72,6 +72,11 @@ const S_ETAG: usize = 33;
 /// The longest ETag a slot keeps (a multipart one is 32 hex digits, a
 /// dash and a count); a longer one is kept as unknown.
 pub const ETAG_MAX: usize = 64;
+const S_NAME_LEN: usize = 98;
+const S_NAME: usize = 100;
+/// The longest object name (`bucket/key`) a slot keeps; a write to a
+/// longer one is kept without it (its doubt is then never probed).
+pub const NAME_MAX: usize = SLOT - S_NAME;
 
 const FREE: u32 = 0;
 const SENDING: u32 = 1;
@@ -105,6 +110,8 @@ pub struct Write {
     /// Its object's hash, 0 for none (or several: DeleteObjects records
     /// one slot per key).
     pub object: u64,
+    /// Its object's name (`bucket/key`), when a slot keeps it.
+    pub name: Option<Box<str>>,
     pub sent: Sent,
     /// Whether the backend judges `sent` when it applies the write: a
     /// PutObject to a backend the probe found honouring both conditions.
@@ -321,6 +328,15 @@ impl Landing {
         let what = self.slot_u32(slot, S_WHAT).load(Ordering::Relaxed);
         let etag_len = (self.bytes(self.slot_off(slot) + S_ETAG_LEN, 1)[0] as usize).min(ETAG_MAX);
         let etag = self.bytes(self.slot_off(slot) + S_ETAG, etag_len);
+        let off = self.slot_off(slot);
+        let name_len = u16::from_le_bytes([
+            self.bytes(off + S_NAME_LEN, 1)[0],
+            self.bytes(off + S_NAME_LEN + 1, 1)[0],
+        ]) as usize;
+        let name = std::str::from_utf8(self.bytes(off + S_NAME, name_len.min(NAME_MAX)))
+            .ok()
+            .filter(|n| !n.is_empty() && name_len <= NAME_MAX)
+            .map(Box::from);
         let sent = if what & W_IF_MATCH != 0 {
             match std::str::from_utf8(etag) {
                 Ok(e) if !e.is_empty() => Sent::IfMatch(e.into()),
@@ -338,6 +354,7 @@ impl Landing {
                 .then(|| self.slot_u64(slot, S_TOKEN).load(Ordering::Relaxed)),
             resource: self.slot_u64(slot, S_RESOURCE).load(Ordering::Relaxed),
             object: self.slot_u64(slot, S_OBJECT).load(Ordering::Relaxed),
+            name,
             sent,
             orderable,
             alone: what & W_ALONE != 0,
@@ -391,6 +408,10 @@ impl Landing {
             .store(write.object, Ordering::Relaxed);
         self.put_bytes(off + S_ETAG_LEN, &[etag.len() as u8]);
         self.put_bytes(off + S_ETAG, etag);
+        let name = write.name.as_deref().filter(|n| n.len() <= NAME_MAX);
+        let name = name.unwrap_or_default().as_bytes();
+        self.put_bytes(off + S_NAME_LEN, &(name.len() as u16).to_le_bytes());
+        self.put_bytes(off + S_NAME, name);
         self.slot_u32(slot, S_WHAT).store(what, Ordering::Relaxed);
         self.slot_u32(slot, S_STATE)
             .store(SENDING, Ordering::Release);
@@ -588,6 +609,7 @@ mod tests {
             token: Some(token),
             resource: 7,
             object: 9,
+            name: Some("b/k".into()),
             sent: Sent::IfMatch("0123456789abcdef0123456789abcdef".into()),
             orderable: true,
             alone: false,

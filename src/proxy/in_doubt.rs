@@ -5,7 +5,7 @@
 //! give its object back an ETag a write in doubt expects.
 
 use super::Proxy;
-use crate::fence::doubt::Touch;
+use crate::fence::doubt::{ToProbe, Touch};
 use crate::fence::gate::Permit;
 use crate::fence::hold::{ObjectHold, object_name};
 use crate::fence::landing::{Record, Sent, Write};
@@ -49,6 +49,7 @@ pub(super) fn touch(op: Op, object: &str, read: bool, etag_is_md5: bool) -> Touc
             md5_etag: etag_is_md5,
         },
         Op::DeleteObject => Touch::Delete { object },
+        Op::CopyObject | Op::CompleteMultipartUpload => Touch::Replace { object },
         Op::CreateMultipartUpload
         | Op::UploadPart
         | Op::UploadPartCopy
@@ -57,7 +58,52 @@ pub(super) fn touch(op: Op, object: &str, read: bool, etag_is_md5: bool) -> Touc
     }
 }
 
+/// How often the object of an orderable write in doubt is looked at.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl Proxy {
+    /// Looks at the object of each orderable write in doubt (a HEAD, at
+    /// once and then every [`PROBE_EVERY`]) until it is no longer what the
+    /// write's condition wants, which settles the doubt
+    /// (`fence::doubt`), or until the doubt's quarantine is over. For as
+    /// long as the proxy lives.
+    pub fn settle_doubts(self: &Arc<Self>) {
+        let Some(mut probes) = self.gate.doubts().take_probes() else {
+            return;
+        };
+        let proxy = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(probe) = probes.recv().await {
+                let Some(proxy) = proxy.upgrade() else { return };
+                tokio::spawn(async move { proxy.probe_doubt(probe).await });
+            }
+        });
+    }
+
+    async fn probe_doubt(&self, p: ToProbe) {
+        let Some((bucket, key)) = p.object.split_once('/') else {
+            return;
+        };
+        while tokio::time::Instant::now() < p.until {
+            match self.current(bucket, key, &HeaderMap::new()).await {
+                Ok(current) => {
+                    let wanted = match (&p.sent, current) {
+                        (Sent::IfMatch(e), Some((c, _))) => *c.etag == **e,
+                        (Sent::IfMatch(_), None) => false,
+                        (Sent::IfNoneMatch, found) => found.is_none(),
+                        (Sent::Plain, _) => return,
+                    };
+                    if !wanted {
+                        self.gate.doubts().settle(&p.object, &p.sent);
+                        return;
+                    }
+                }
+                Err(e) => tracing::debug!(object = &*p.object, "looking at a write in doubt: {e}"),
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
     /// Whether the backend applies `op`'s conditions as it applies the
     /// write (so that a write sent with one is ordered by the backend).
     fn backend_orders(&self, op: Op, sent: &Sent) -> bool {
@@ -90,10 +136,11 @@ impl Proxy {
         if (fenced.permit.is_none() && hold.is_empty()) || op.op == Op::DeleteObjects {
             return None;
         }
-        let object = match (&op.bucket, &op.key) {
-            (Some(b), Some(k)) if op.op.changes_object() => landing.hash(&object_name(b, k)),
-            _ => 0,
+        let name = match (&op.bucket, &op.key) {
+            (Some(b), Some(k)) if op.op.changes_object() => Some(object_name(b, k)),
+            _ => None,
         };
+        let object = name.as_deref().map_or(0, |n| landing.hash(n));
         let (token, resource) = match (&fenced.permit, &fenced.resource) {
             (Some(p), Some(r)) => (Some(p.token()), landing.hash(r)),
             _ => (None, 0),
@@ -103,6 +150,7 @@ impl Proxy {
             token,
             resource,
             object,
+            name: name.map(Box::from),
             orderable: self.backend_orders(op.op, &sent),
             sent,
             alone: conditions.is_some(),
@@ -128,10 +176,12 @@ impl Proxy {
             return Vec::new();
         };
         keys.filter_map(|(key, resource)| {
+            let name = object_name(bucket, key);
             let write = Write {
                 token: resource.and(token),
                 resource: resource.map_or(0, |r| landing.hash(r)),
-                object: landing.hash(&object_name(bucket, key)),
+                object: landing.hash(&name),
+                name: Some(name.into()),
                 sent: Sent::Plain,
                 orderable: false,
                 alone: false,

@@ -17,8 +17,9 @@ enum Attempt {
     Done(Result<Option<Permit>, Refusal>),
     /// A lower-token write is in flight here: wait for one to leave.
     Inflight,
-    /// A lower-token write in doubt may land until then.
-    Doubt(Instant),
+    /// A lower-token write in doubt may land until then (or, when it can
+    /// be settled, until it is).
+    Doubt(Instant, bool),
 }
 
 impl Gate {
@@ -46,10 +47,32 @@ impl Gate {
             tokio::pin!(notified);
             match attempt {
                 Attempt::Done(done) => return done,
-                Attempt::Doubt(until) if until > deadline => {
+                Attempt::Doubt(until, false) if until > deadline => {
                     return Err(Refusal::InDoubt(until - Instant::now()));
                 }
-                Attempt::Doubt(until) => tokio::time::sleep_until(until).await,
+                Attempt::Doubt(until, _) if Instant::now() >= deadline => {
+                    return Err(Refusal::InDoubt(until - Instant::now()));
+                }
+                Attempt::Doubt(until, settles) => {
+                    let settled = self.doubts.settled();
+                    tokio::pin!(settled);
+                    settled.as_mut().enable();
+                    // Settled meanwhile: look again at once.
+                    if settles
+                        && !matches!(
+                            self.try_admit(slot, (resource, touch), token, kind, owner),
+                            Attempt::Doubt(..)
+                        )
+                    {
+                        attempt = self.try_admit(slot, (resource, touch), token, kind, owner);
+                        continue;
+                    }
+                    let wake = until.min(deadline);
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(wake) => {}
+                        _ = settled, if settles => {}
+                    }
+                }
                 Attempt::Inflight => {
                     notified.as_mut().enable();
                     attempt = self.try_admit(slot, (resource, touch), token, kind, owner);
@@ -95,7 +118,7 @@ impl Gate {
             false => Vec::new(),
             true => match self.doubts.admits(resource, token, touch) {
                 Verdict::Admit(guards) => guards,
-                Verdict::WaitUntil(until) => return Attempt::Doubt(until),
+                Verdict::WaitUntil { until, settles } => return Attempt::Doubt(until, settles),
             },
         };
         if kind == Kind::Read {
