@@ -45,8 +45,11 @@
 //!   `Refusal::TenureLost` is the gate finding its own tenure over.
 //! - **peer**: another replica. `proxy/peers.rs` holds the connections to
 //!   them; `fence/cluster/directory.rs` is where they are listed in etcd.
-//! - **quarantine**: how long a resource stays closed after a write's
-//!   answer was lost with its whole body at the backend.
+//! - **quarantine**: how long a write may still land after its answer was
+//!   lost with its whole body at the backend, or after a restart found it
+//!   in the landing record; **in doubt**: such a write
+//!   ([`fence::doubt`]), which keeps its place for the quarantine unless
+//!   the backend settles it sooner.
 //! - **read**: an S3 read (GET, HEAD, a listing), which a token may
 //!   raise a fence with but never needs. No function is called just
 //!   `read`: the store's are `in_read_txn` (a redb read transaction) and
@@ -83,7 +86,8 @@
 //!
 //! - [`fence::token`]: a token from its carriers (header, query, metadata).
 //! - [`fence::resource`]: `[[rules]]` (bucket, prefix) → the resource fenced.
-//! - [`fence::gate`]: the check, the durable raise, the ordering barrier;
+//! - [`fence::gate`]: the check, the durable raise, the ordering barrier
+//!   (`gate/barrier.rs`, which waits for writes in flight and in doubt);
 //!   `gate/owned.rs`: cluster mode with owners, the resources this replica
 //!   owns admitted as on a single node, the others answered with their
 //!   owner for the proxy to forward to; `gate/cluster.rs`: cluster mode without owners (one etcd
@@ -91,7 +95,14 @@
 //!   replicas (both modes); `gate/outcome.rs`: what it answers
 //!   (`Admission`, `Refusal`); `gate/tests.rs`: its tests.
 //! - [`fence::body_gate`]: the body gate, holding a write's last body frame
-//!   until its permit (and object hold) confirms.
+//!   until its permit (and object hold) confirms, and marking the write's
+//!   slot in the landing record whole.
+//! - [`fence::landing`]: the landing record (`<data_dir>/landing`), a
+//!   mapped file in which every write to a remote backend has a slot
+//!   until its answer is read, so that a restart knows what may still land.
+//! - [`fence::doubt`]: writes in doubt (whole at the backend, their answer
+//!   lost or their sender dead), what they hold back and what the backend
+//!   settles; its tests in `doubt/tests.rs`.
 //! - [`fence::hold`]: the object hold, where a conditional write's check and
 //!   write become one step (CONTRACT §8); in cluster mode its keys are in
 //!   etcd (`cluster/holds.rs`).
@@ -177,6 +188,9 @@
 //!   upstream request) with `per_op.rs` (what one operation adds, in one
 //!   `match`), `forward.rs` (the exchange, keeping the permits and object
 //!   hold until the answer is complete), `respond.rs`. Beside them:
+//!   `in_doubt.rs` gives a write its slot in the landing record and looks
+//!   at the objects of writes in doubt; `etags.rs` keeps the ETag
+//!   fencegate's conditioned writes left each object;
 //!   `to_owner.rs` sends a request to the replica owning its resource, or
 //!   relays it to a peer; `peers.rs` keeps the other replicas'
 //!   connections and the pings that end forwards to one that stopped

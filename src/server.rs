@@ -172,7 +172,9 @@ fn advertised(
     }
     if s3_addr.ip().is_unspecified() {
         return Err(StartError(format!(
-            "cluster.advertise: the S3 listener is on {s3_addr}, which the other replicas              cannot reach as such; set the address they should forward to,              e.g. \"{scheme}://10.0.0.5:{}\"",
+            "cluster.advertise: the S3 listener is on {s3_addr}, which the other replicas \
+             cannot reach as such; set the address they should forward to, \
+             e.g. \"{scheme}://10.0.0.5:{}\"",
             s3_addr.port()
         )));
     }

@@ -146,6 +146,10 @@ async fn a_record_that_cannot_be_read_holds_every_newer_token_for_the_quarantine
     let r = raw.send(put(34)).await.unwrap();
     assert_eq!((r.status, r.code()), (503, Some("SlowDown")), "{}", r.body);
     assert!(fg.logs().contains("start-up quarantine"), "{}", fg.logs());
+    let ready = format!("http://{}/readyz", fg.admin);
+    let ready = common::http_call("GET", &ready, None, None).await.1;
+    assert!(ready.contains("\"startup_quarantine_ms\":"), "{ready}");
+    assert!(!ready.contains("\"startup_quarantine_ms\":null"), "{ready}");
     let metrics = format!("http://{}/metrics", fg.admin);
     let metrics = common::http_call("GET", &metrics, None, None).await.1;
     assert!(

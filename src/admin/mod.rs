@@ -5,7 +5,9 @@
 //! - `GET /readyz`: the fence table answers and can write, the embedded
 //!   store (if it is the backend) can write, and the backend accepts
 //!   connections; it also shows whether the backend honours conditional
-//!   writes itself (`upstream::probe`);
+//!   writes itself (`upstream::probe`), and the writes in doubt
+//!   (`fence::doubt`): how many, and how long a start-up quarantine has
+//!   left;
 //! - `GET /fences?prefix=&limit=&after=`: recorded fences, paginated;
 //! - `GET /fences/{resource}`: one fence;
 //! - `POST /fences/{resource}` with `{"token": N}` and
@@ -127,19 +129,26 @@ impl Admin {
                 json!({"status": "not ready", "embedded_store": why}),
             );
         }
+        let ready = || {
+            let doubts = self.gate.doubts();
+            let startup = doubts
+                .blanket_until()
+                .map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
+            json!({
+                "status": "ready",
+                "backend_conditions": self.probe.found(),
+                "in_doubt": {
+                    "writes": doubts.count(),
+                    "startup_quarantine_ms": startup.map(|d| d.as_millis() as u64),
+                },
+            })
+        };
         let Some(addr) = &self.backend_addr else {
-            let found = self.probe.found();
-            return json(
-                StatusCode::OK,
-                json!({"status": "ready", "backend_conditions": found}),
-            );
+            return json(StatusCode::OK, ready());
         };
         let connect = tokio::net::TcpStream::connect(addr);
         match tokio::time::timeout(Duration::from_secs(2), connect).await {
-            Ok(Ok(_)) => json(
-                StatusCode::OK,
-                json!({"status": "ready", "backend_conditions": self.probe.found()}),
-            ),
+            Ok(Ok(_)) => json(StatusCode::OK, ready()),
             Ok(Err(e)) => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"status": "not ready", "backend": e.to_string()}),
