@@ -11,6 +11,11 @@
 //! - `barrier_off_is_caught`: the harness must find violations through a
 //!   fencegate whose ordering barrier is switched off, and none through one
 //!   whose barrier is on, in front of a backend that delivers requests late.
+//! - `crash_in_flight_is_caught_on_garage`, `..._on_moto` (issue #56):
+//!   fencegate `kill -9`'d while a store that applies writes late still
+//!   holds some: through a fencegate that keeps the landing record the
+//!   harness finds nothing, through one that forgets it (and, on moto,
+//!   sends no condition of its own) it must find the stale writes landing.
 //! - `long_run` (ignored): ≥ 10,000 requests against Garage; `scripts/torture`.
 
 #[path = "torture/checker.rs"]
@@ -20,6 +25,8 @@ mod common;
 mod faults;
 #[path = "torture/history.rs"]
 mod history;
+#[path = "torture/late_apply.rs"]
+mod late_apply;
 #[path = "torture/run.rs"]
 mod run;
 #[path = "torture/workload.rs"]
@@ -28,8 +35,9 @@ mod workload;
 use common::etcd::Etcd;
 use common::fencegate::{Backend, DEMO_KEY, DEMO_SECRET, Fencegate};
 use common::garage::Garage;
-use faults::{FaultConfig, Hop};
+use faults::{FaultConfig, Hop, kill9_loop};
 use history::History;
+use late_apply::{LateApply, LateConfig};
 use run::{ArmResult, Budget, Kill9, drive, env_u64, judge};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -417,6 +425,202 @@ async fn long_run() {
         fenced.counts.ops
     );
     verdict(&fenced, &control);
+}
+
+/// The store behind a crash run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// Ignores conditions: a write in doubt is waited out.
+    Garage,
+    /// Judges them when it applies a write: settled by the store.
+    Moto,
+}
+
+/// Issue #56: a store that applies a share of the writes 0.5-2.5 s after
+/// their whole body arrived, whether or not fencegate is still there, and
+/// fencegate `kill -9`'d every 1.5-4 s and started again at once. Two
+/// arms, each with its own fencegate and late hop in front of the same
+/// store: `remembered` (fencegate as it is) must show no violation;
+/// `forgotten` (`FENCEGATE_UNSAFE_FORGET_IN_FLIGHT=1`, and on moto without
+/// conditions of fencegate's own, `conditional_writes = false`: the fix
+/// taken out) must show some, or the run proves nothing.
+async fn crash_run(store: Store) {
+    let seed = seed();
+    let secs = env_u64("TORTURE_SECS").unwrap_or(35);
+    let writers = env_u64("TORTURE_WRITERS").unwrap_or(8) as u32;
+    let etcd = Etcd::start();
+    let late = LateConfig {
+        late_p: 0.3,
+        late_ms: (500, 2_500),
+    };
+    let rules =
+        shared_rules("demo", "remembered/", MULTIS) + &shared_rules("demo", "forgotten/", MULTIS);
+    // The quarantine covers the store's longest delay.
+    let fence = "[fence]
+admission_wait_ms = 1000
+quarantine_ms = 3500
+";
+    let (garage, moto) = match store {
+        Store::Garage => (Some(Garage::start()), None),
+        Store::Moto => (None, Some(common::moto::Moto::start())),
+    };
+    let (target, reader) = match (&garage, &moto) {
+        (Some(g), _) => (socket_of(g), garage_reader(g)),
+        (_, Some(m)) => {
+            let addr = m.endpoint.strip_prefix("http://").unwrap().parse().unwrap();
+            let reader = s3_client(
+                &m.endpoint,
+                common::moto::KEY,
+                common::moto::SECRET,
+                "us-east-1",
+            );
+            common::ensure_bucket(&reader, "demo").await;
+            (addr, reader)
+        }
+        _ => unreachable!(),
+    };
+    let start_one = |hop: &LateApply, forget: bool| {
+        let (backend, probe) = match &garage {
+            Some(g) => (
+                Backend::Garage {
+                    endpoint: hop.endpoint(),
+                    access_key: g.key_id.clone(),
+                    secret_key: g.secret.clone(),
+                },
+                "",
+            ),
+            None => (
+                Backend::S3 {
+                    endpoint: hop.endpoint(),
+                    access_key: common::moto::KEY.into(),
+                    secret_key: common::moto::SECRET.into(),
+                },
+                "probe_conditions = true\nprobe_bucket = \"demo\"\n",
+            ),
+        };
+        let (fence, env): (String, &[(&str, &str)]) = match (forget, store) {
+            (false, _) => (fence.into(), &[]),
+            (true, Store::Garage) => (fence.into(), &[("FENCEGATE_UNSAFE_FORGET_IN_FLIGHT", "1")]),
+            (true, Store::Moto) => (
+                format!("{fence}conditional_writes = false\n"),
+                &[("FENCEGATE_UNSAFE_FORGET_IN_FLIGHT", "1")],
+            ),
+        };
+        Fencegate::start_full(backend, "", probe, &format!("{fence}\n{rules}"), env)
+    };
+    let late_hops = [
+        LateApply::start(target, late.clone(), seed ^ 5),
+        LateApply::start(target, late, seed ^ 6),
+    ];
+    let fgs = [
+        start_one(&late_hops[0], false),
+        start_one(&late_hops[1], true),
+    ];
+    assert!(
+        fgs[1].logs().contains("FORGET_IN_FLIGHT=1"),
+        "{}",
+        fgs[1].logs()
+    );
+    common::ensure_bucket(&common::sdk(&fgs[0].endpoint()), "demo").await;
+    if store == Store::Moto {
+        wait_until_conditions_are_seen(&fgs[0]).await;
+    }
+    let mut fronts = Vec::new();
+    let mut shared = Vec::new();
+    for (i, fg) in fgs.into_iter().enumerate() {
+        fronts.push(Arc::new(
+            Hop::start(fg.s3, FaultConfig::none(), seed ^ (7 + i as u64)).await,
+        ));
+        shared.push(Arc::new(Mutex::new(fg)));
+    }
+    let client = |hop: &Hop| s3_client(&hop.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1");
+    let start = Instant::now();
+    let faults = writer_faults(0.02, 0.02);
+    let arms = [
+        arm(
+            "remembered",
+            "remembered/",
+            client(&fronts[0]),
+            &etcd,
+            writers,
+            faults.clone(),
+            seed,
+            start,
+        ),
+        arm(
+            "forgotten",
+            "forgotten/",
+            client(&fronts[1]),
+            &etcd,
+            writers,
+            faults,
+            seed ^ 1,
+            start,
+        ),
+    ];
+    // The second arm's fencegate dies on a schedule of its own.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let second = tokio::spawn(kill9_loop(
+        shared[1].clone(),
+        fronts[1].clone(),
+        (1_500, 4_000),
+        seed ^ 9,
+        vec![arms[1].hist.clone()],
+        stop_rx,
+    ));
+    let kill9 = Kill9 {
+        fg: shared[0].clone(),
+        hop: fronts[0].clone(),
+        every_ms: (1_500, 4_000),
+    };
+    let budget = Budget {
+        secs,
+        ops: u64::MAX,
+    };
+    let kills = drive(&arms, budget, (!off("kill9")).then_some(kill9), seed).await;
+    stop_tx.send_replace(true);
+    let kills2 = second.await.unwrap();
+    println!(
+        "crash run ({}): {}s, {kills} + {kills2} kill -9\n  remembered: {}\n  forgotten: {}",
+        match store {
+            Store::Garage => "garage, ignores conditions",
+            Store::Moto => "moto, judges conditions when it applies a write",
+        },
+        start.elapsed().as_secs(),
+        late_hops[0].stats.summary(),
+        late_hops[1].stats.summary()
+    );
+    let stem = match store {
+        Store::Garage => "crash-garage-history",
+        Store::Moto => "crash-moto-history",
+    };
+    let remembered = judge(&arms[0], &reader, stem).await;
+    let forgotten = judge(&arms[1], &reader, stem).await;
+    verdict(&remembered, &forgotten);
+}
+
+/// Waits until fencegate's probe found the store judging conditions, so
+/// that its fenced writes go with them (`fence.conditional_writes`).
+async fn wait_until_conditions_are_seen(fg: &Fencegate) {
+    let url = format!("http://{}/readyz", fg.admin);
+    for _ in 0..300 {
+        let ready = common::http_call("GET", &url, None, None).await.1;
+        if ready.contains("\"if_match\":true") && ready.contains("\"if_none_match\":true") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the probe never found moto judging conditions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_in_flight_is_caught_on_garage() {
+    crash_run(Store::Garage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_in_flight_is_caught_on_moto() {
+    crash_run(Store::Moto).await;
 }
 
 /// Garage's S3 address, for a hop to forward to.
