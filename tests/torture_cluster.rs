@@ -39,6 +39,8 @@ mod common;
 mod faults;
 #[path = "torture/history.rs"]
 mod history;
+#[path = "torture/rig.rs"]
+mod rig;
 #[path = "torture/run.rs"]
 mod run;
 #[path = "torture/sends.rs"]
@@ -50,230 +52,19 @@ mod workload;
 
 use balancer::Balancer;
 use common::etcd::{Etcd, EtcdCluster};
-use common::fencegate::{DEMO_KEY, DEMO_SECRET, Fencegate};
+use common::fencegate::{DEMO_KEY, DEMO_SECRET};
 use common::garage::Garage;
-use common::relay::Relay;
-use faults::{FaultConfig, Hop};
 use history::History;
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rig::{Faults, Store, chaos, replicas, settings};
 use run::{ArmResult, Budget, drive, env_u64, judge};
 use sends::Sends;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::watch;
 use workload::{Workload, WriterFaults, resources, s3_client, shared_rules};
 
 const LOGS: usize = 6;
 const MULTIS: usize = 2;
-const REPLICAS: usize = 3;
-
-/// One arm's replicas, each behind a hop whose address stays put across
-/// restarts, and the balancer over the hops. A cluster arm's replicas also
-/// reach etcd through relays of their own (`etcd[i]`, one per member) and
-/// are reached by their peers through `peer[i]`, both frozen to cut the
-/// replica off. `sends`: a cluster arm's readings of its replicas'
-/// forward sends, taken before each kill.
-struct Replicas {
-    fgs: Vec<Arc<Mutex<Fencegate>>>,
-    hops: Vec<Arc<Hop>>,
-    etcd: Vec<Vec<Relay>>,
-    peer: Vec<Relay>,
-    balancer: Balancer,
-    sends: Mutex<Sends>,
-}
-
-/// Starts `n` replicas of `toml` (plus, with `fences`, each one's
-/// `[cluster]` table over relays) behind hops and a balancer.
-async fn replicas(
-    garage: &Garage,
-    toml: &str,
-    fences: Option<&EtcdCluster>,
-    n: usize,
-    seed: u64,
-) -> Replicas {
-    let (mut fgs, mut hops, mut etcd, mut peer) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..n {
-        let mut config = toml.to_string();
-        if let Some(fences) = fences {
-            let relays: Vec<Relay> = (0..3)
-                .map(|m| Relay::start(fences.endpoint(m).trim_start_matches("http://")))
-                .collect();
-            let to_peer = Relay::start("127.0.0.1:9");
-            let urls: Vec<String> = relays.iter().map(|r| format!("\"{}\"", r.url())).collect();
-            config += &format!(
-                "\n[cluster]\netcd_endpoints = [{}]\nadvertise = \"{}\"\nprefix = \"torture/\"\nreplica_ttl_ms = {}\n",
-                urls.join(", "),
-                to_peer.url(),
-                settings().ttl_ms
-            );
-            etcd.push(relays);
-            peer.push(to_peer);
-        }
-        let fg = Fencegate::start(garage.backend(), &config);
-        if let Some(p) = peer.last() {
-            p.set_target(&fg.s3.to_string());
-        }
-        let hop = Hop::start(fg.s3, FaultConfig::none(), seed ^ (i as u64 + 10)).await;
-        fgs.push(Arc::new(Mutex::new(fg)));
-        hops.push(Arc::new(hop));
-    }
-    let addrs: Vec<_> = hops.iter().map(|h| h.addr).collect();
-    let balancer = Balancer::start(&addrs);
-    Replicas {
-        fgs,
-        hops,
-        etcd,
-        peer,
-        balancer,
-        sends: Mutex::default(),
-    }
-}
-
-impl Replicas {
-    /// `kill -9` of replica `i`, started again behind its hop and relay;
-    /// a cluster replica's forward sends are read first (the kill resets
-    /// them).
-    async fn kill9(&self, i: usize) {
-        if !self.etcd.is_empty() {
-            self.scrape(i).await;
-        }
-        let addr = faults::kill9_behind(&self.fgs[i], &self.hops[i]).await;
-        if let Some(p) = self.peer.get(i) {
-            p.set_target(&addr.to_string());
-        }
-    }
-
-    /// Adds replica `i`'s forward sends so far to `sends`.
-    async fn scrape(&self, i: usize) {
-        let admin = self.fgs[i].lock().unwrap().admin;
-        let got = sends::scrape(admin).await;
-        self.sends.lock().unwrap().add(got);
-    }
-
-    /// The forward sends of the run: every replica read once more.
-    async fn sends_total(&self) -> Sends {
-        for i in 0..self.fgs.len() {
-            self.scrape(i).await;
-        }
-        *self.sends.lock().unwrap()
-    }
-
-    /// Cuts replica `i` off from etcd and/or from its peers (`on`), or
-    /// joins it again (`!on`). Nothing happens to an arm without relays.
-    fn cut(&self, i: usize, (etcd, peers): (bool, bool), on: bool) {
-        for r in self.etcd.get(i).into_iter().flatten().filter(|_| etcd) {
-            r.freeze(on);
-        }
-        if let Some(p) = self.peer.get(i).filter(|_| peers) {
-            p.freeze(on);
-        }
-    }
-}
-
-/// The fault counts of a run, per arm.
-#[derive(Default, Debug)]
-struct Chaos {
-    kills: u32,
-    pauses: u32,
-    partitions: u32,
-}
-
-/// Every `every_ms`, one fault on a random replica of every arm, the same
-/// choice in each: a `kill -9` (started again), a pause of 0.5-3 s, or a
-/// partition of 3-8 s from etcd, from its peers, or from both, for the
-/// arms that have them.
-async fn chaos(
-    arms: Vec<(Arc<Replicas>, Arc<History>)>,
-    every_ms: (u64, u64),
-    seed: u64,
-    mut stop: watch::Receiver<bool>,
-) -> Chaos {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x0063_6861_6f73);
-    let mut done = Chaos::default();
-    loop {
-        let wait = Duration::from_millis(rng.random_range(every_ms.0..=every_ms.1));
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.wait_for(|s| *s) => return done,
-        }
-        let fault = rng.random_range(0..3);
-        let pick = rng.random_range(0..REPLICAS);
-        // An arm of fewer replicas (the single node) takes the same fault.
-        let of = |r: &Replicas| pick % r.fgs.len();
-        match fault {
-            0 => {
-                for (r, hist) in &arms {
-                    hist.event(format!("kill9 replica {}", of(r)));
-                    r.kill9(of(r)).await;
-                }
-                done.kills += 1;
-            }
-            1 => {
-                let pause = Duration::from_millis(rng.random_range(500..=3_000));
-                for (r, hist) in &arms {
-                    hist.event(format!(
-                        "pause replica {} for {} ms",
-                        of(r),
-                        pause.as_millis()
-                    ));
-                    r.fgs[of(r)].lock().unwrap().signal("STOP");
-                }
-                tokio::time::sleep(pause).await;
-                for (r, _) in &arms {
-                    r.fgs[of(r)].lock().unwrap().signal("CONT");
-                }
-                done.pauses += 1;
-            }
-            _ => {
-                let cut = Duration::from_millis(rng.random_range(3_000..=8_000));
-                let (etcd, peers) =
-                    [(true, false), (false, true), (true, true)][rng.random_range(0..3)];
-                let from = match (etcd, peers) {
-                    (true, false) => "etcd",
-                    (false, _) => "its peers",
-                    _ => "etcd and its peers",
-                };
-                for (r, hist) in arms.iter().filter(|(r, _)| !r.etcd.is_empty()) {
-                    hist.event(format!(
-                        "cut replica {} off from {from} for {} ms",
-                        of(r),
-                        cut.as_millis()
-                    ));
-                    r.cut(of(r), (etcd, peers), true);
-                }
-                tokio::time::sleep(cut).await;
-                for (r, _) in &arms {
-                    r.cut(of(r), (etcd, peers), false);
-                }
-                done.partitions += 1;
-            }
-        }
-    }
-}
-
-/// The fence settings of a run: the short ones by default (a killed
-/// replica's resources reopen within seconds), fencegate's own defaults
-/// with `TORTURE_DEFAULTS=1`.
-struct Settings {
-    fence: &'static str,
-    ttl_ms: u64,
-}
-
-fn settings() -> Settings {
-    match std::env::var("TORTURE_DEFAULTS").as_deref() {
-        Ok("1") => Settings {
-            fence: "",
-            ttl_ms: 5000,
-        },
-        // A short barrier bound and quarantine (Garage applies a PUT it
-        // has at once).
-        _ => Settings {
-            fence: "[fence]\nadmission_wait_ms = 3000\nquarantine_ms = 3000\n",
-            ttl_ms: 2000,
-        },
-    }
-}
 
 fn arm(
     name: &str,
@@ -328,27 +119,16 @@ async fn run_arms(budget: Budget, (seed, fault_p): (u64, f64), stem: &str) -> Re
         + &shared_rules("demo", "control/", MULTIS)
         + &shared_rules("demo", "single/", MULTIS);
     let fence = settings().fence;
-    let cluster = Arc::new(
-        replicas(
-            &garage,
-            &format!("{fence}\n{rules}"),
-            Some(&fences),
-            REPLICAS,
-            seed,
-        )
-        .await,
-    );
-    let control = Arc::new(
-        replicas(
-            &garage,
-            &format!("{fence}\n{rules}"),
-            None,
-            REPLICAS,
-            seed ^ 1,
-        )
-        .await,
-    );
-    let single = Arc::new(replicas(&garage, &format!("{fence}\n{rules}"), None, 1, seed ^ 2).await);
+    let toml = format!("{fence}\n{rules}");
+    let store = Store {
+        backend: garage.backend(),
+        backend_lines: String::new(),
+    };
+    let n = rig::REPLICAS;
+    let cluster =
+        Arc::new(replicas(&store, &toml, Some((&fences, "torture/")), (n, seed), &[]).await);
+    let control = Arc::new(replicas(&store, &toml, None, (n, seed ^ 1), &[]).await);
+    let single = Arc::new(replicas(&store, &toml, None, (1, seed ^ 2), &[]).await);
     common::ensure_bucket(&common::sdk(&cluster.balancer.endpoint()), "demo").await;
     let start = Instant::now();
     let arms = [
@@ -384,7 +164,7 @@ async fn run_arms(budget: Budget, (seed, fault_p): (u64, f64), stem: &str) -> Re
             (control.clone(), arms[1].hist.clone()),
             (single.clone(), arms[2].hist.clone()),
         ],
-        (3_000, 8_000),
+        ((3_000, 8_000), Faults::from_env()),
         seed,
         stop_rx,
     ));
