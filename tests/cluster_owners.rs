@@ -573,3 +573,49 @@ async fn a_forward_is_given_up_when_its_owner_stops_answering_pings() {
     assert!(r.body.contains("did not answer a ping"), "{}", r.body);
     assert!(!be.started(5));
 }
+
+/// At a clean stop an owner's tenures end before their owner keys go
+/// (`Gate::release_all`): a request that still reaches it (on a connection
+/// left open past the shutdown's grace) is not admitted under a tenure
+/// whose key another replica may already have taken, and it takes no
+/// resource again. Its lease alone would still say the tenure stands.
+#[tokio::test]
+async fn after_letting_go_at_a_clean_stop_an_owner_admits_nothing() {
+    use fencegate::fence::cluster::Cluster;
+    use fencegate::fence::doubt::Doubts;
+    use fencegate::fence::gate::{Gate, Kind, Refusal};
+    use std::time::Duration;
+    let etcd = EtcdCluster::start();
+    let cfg = fencegate::config::ClusterConfig {
+        etcd_endpoints: (0..3).map(|i| etcd.endpoint(i).to_string()).collect(),
+        prefix: "stopping/".into(),
+        replica_ttl_ms: 2000,
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let doubts = Arc::new(Doubts::new(None));
+    let quarantine = Duration::from_secs(3);
+    let c = Cluster::start(&cfg, quarantine, dir.path(), doubts)
+        .await
+        .unwrap();
+    let gate = Arc::new(Gate::clustered(c, Duration::from_secs(2)));
+    gate.follow_cluster();
+    for _ in 0..100 {
+        if gate.not_ready().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let admitted = gate.admit("demo/r", 5, Kind::Write).await.unwrap();
+    drop(admitted.permit().expect("admitted here, the owner"));
+    assert!(gate.owner_epoch("demo/r").is_some());
+    gate.release_all().await;
+    assert_eq!(gate.owner_epoch("demo/r"), None);
+    for resource in ["demo/r", "demo/new"] {
+        match gate.admit(resource, 5, Kind::Write).await {
+            Err(Refusal::Unavailable(why)) => assert!(why.contains("stopping"), "{why}"),
+            Err(e) => panic!("{resource}: {e}"),
+            Ok(_) => panic!("{resource} admitted after the owner let everything go"),
+        }
+    }
+}
