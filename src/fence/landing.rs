@@ -193,6 +193,17 @@ impl Landing {
             .truncate(false)
             .open(&path)
             .map_err(|e| fail("cannot open", e))?;
+        // One process a record: a second on the same data directory must
+        // not take the first one's slots for its predecessor's.
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(format!(
+                "another fencegate process uses the data directory {} (it holds {}): \
+                 each process needs a data directory of its own",
+                dir.display(),
+                path.display()
+            ));
+        }
         let old_len = file.metadata().map_err(|e| fail("cannot read", e))?.len();
         file.set_len(LEN as u64)
             .map_err(|e| fail("cannot size", e))?;
@@ -475,6 +486,14 @@ impl Landing {
         }
     }
 
+    /// Lets go of the file's lock as a dead process does, for a test that
+    /// leaves its records behind and starts again in the same process.
+    #[cfg(test)]
+    fn die(&self) {
+        // SAFETY: flock on the descriptor this Landing owns.
+        unsafe { libc::flock(self._file.as_raw_fd(), libc::LOCK_UN) };
+    }
+
     /// Slots taken now (tests, metrics).
     pub fn taken(&self) -> usize {
         self.taken
@@ -632,6 +651,7 @@ mod tests {
         done.whole();
         drop(done);
         std::mem::forget((whole, sending));
+        l.die();
         drop(l);
         let second = Landing::open(dir.path(), true).unwrap();
         assert!(second.blanket.is_none(), "{:?}", second.blanket);
@@ -639,6 +659,9 @@ mod tests {
         assert_eq!(got, vec![write(33)]);
         // Still recorded (a death now inherits it again), until let go.
         assert_eq!(second.landing.taken(), 1);
+        // A second process on the same directory is refused meanwhile.
+        let err = Landing::open(dir.path(), true).err().unwrap();
+        assert!(err.contains("another fencegate process"), "{err}");
         drop(second.inherited);
         assert_eq!(second.landing.taken(), 0);
         drop(second.landing);
@@ -663,6 +686,7 @@ mod tests {
         r.whole();
         next.landing.close().unwrap();
         std::mem::forget(r);
+        next.landing.die();
         drop(next.landing);
         let after = Landing::open(dir.path(), true).unwrap();
         assert_eq!(after.inherited.len(), 1);

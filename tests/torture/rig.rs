@@ -147,12 +147,14 @@ pub struct Chaos {
 }
 
 /// Which faults the chaos picks from (`TORTURE_CHAOS`: `all`, the
-/// default; `kills-pauses`; `kills`; `none`).
+/// default; `kills-pauses`; `kills`; `pauses`; `cuts`; `none`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Faults {
     All,
     KillsPauses,
     Kills,
+    Pauses,
+    Cuts,
     None,
 }
 
@@ -161,19 +163,25 @@ impl Faults {
         match std::env::var("TORTURE_CHAOS").as_deref() {
             Ok("kills-pauses") => Faults::KillsPauses,
             Ok("kills") => Faults::Kills,
+            Ok("pauses") => Faults::Pauses,
+            Ok("cuts") => Faults::Cuts,
             Ok("none") => Faults::None,
             Ok("all") | Err(_) => Faults::All,
-            Ok(other) => panic!("TORTURE_CHAOS={other:?}: all, kills-pauses, kills or none"),
+            Ok(other) => {
+                panic!("TORTURE_CHAOS={other:?}: all, kills-pauses, kills, pauses, cuts or none")
+            }
         }
     }
 
-    /// How many of the chaos's kinds of fault (kill, pause, cut) it picks from.
-    fn kinds(self) -> u32 {
+    /// The kinds of fault it picks from: 0 a kill, 1 a pause, 2 a cut.
+    fn kinds(self) -> &'static [u32] {
         match self {
-            Faults::All => 3,
-            Faults::KillsPauses => 2,
-            Faults::Kills => 1,
-            Faults::None => 0,
+            Faults::All => &[0, 1, 2],
+            Faults::KillsPauses => &[0, 1],
+            Faults::Kills => &[0],
+            Faults::Pauses => &[1],
+            Faults::Cuts => &[2],
+            Faults::None => &[],
         }
     }
 }
@@ -200,7 +208,8 @@ pub async fn chaos(
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return done,
         }
-        let fault = rng.random_range(0..3) % faults.kinds();
+        let kinds = faults.kinds();
+        let fault = kinds[rng.random_range(0..3usize) % kinds.len()];
         let pick = rng.random_range(0..REPLICAS);
         // An arm of fewer replicas (the single node) takes the same fault.
         let of = |r: &Replicas| pick % r.fgs.len();

@@ -57,15 +57,12 @@ impl Gate {
                     let settled = self.doubts.settled();
                     tokio::pin!(settled);
                     settled.as_mut().enable();
-                    // Settled meanwhile: look again at once.
-                    if settles
-                        && !matches!(
-                            self.try_admit(slot, (resource, touch), token, kind, owner),
-                            Attempt::Doubt(..)
-                        )
-                    {
+                    // Settled before the wake-up was armed: look again.
+                    if settles {
                         attempt = self.try_admit(slot, (resource, touch), token, kind, owner);
-                        continue;
+                        if !matches!(attempt, Attempt::Doubt(..)) {
+                            continue;
+                        }
                     }
                     let wake = until.min(deadline);
                     tokio::select! {
