@@ -64,7 +64,7 @@ use crate::metric_names as m;
 use crate::s3::auth::{self, Credentials, Verified};
 use crate::s3::conditions::Conditions;
 use crate::s3::error::S3Error;
-use crate::s3::op::Operation;
+use crate::s3::op::{Op, Operation};
 use crate::s3::query::{self, Param};
 use crate::s3::session::SessionKeys;
 use crate::upstream::client::Upstream;
@@ -318,7 +318,7 @@ impl Proxy {
             forwarded: None,
             forward_sends: 0,
             relayed: false,
-            etag_is_md5: in_doubt::etag_is_md5(req.headers()),
+            etag_is_md5: false,
         };
         let resp = match self.process(req, &mut ctx).await {
             Ok(r) => r,
@@ -380,6 +380,7 @@ impl Proxy {
             ctx.relayed = head.headers.contains_key(to_owner::RELAYED);
         }
         let op = self.classify(ctx, &head, &query)?;
+        ctx.etag_is_md5 = op.op == Op::PutObject && in_doubt::etag_is_md5(&head.headers);
         self.authorize(&verified, &op, &query)?;
         let versioned = query::has_query_param(&query, "versionId");
         let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
