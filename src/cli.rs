@@ -218,6 +218,13 @@ pub enum FencesAction {
     Get { resource: String },
     /// Raise a resource's fence by hand (revokes holders below TOKEN).
     Raise { resource: String, token: u64 },
+    /// The highest fence of all resources (or those under --prefix): what a
+    /// lock service whose tokens went back must be bumped to, so that its
+    /// next holder's token is at least that (docs/lock-services.md).
+    Highest {
+        #[arg(long)]
+        prefix: Option<String>,
+    },
     /// Print every fence as JSON lines: from the running node at --admin
     /// if given, else straight from the store the config names (etcd with
     /// [cluster], else fences.redb of a stopped node).

@@ -85,6 +85,9 @@ fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
     let token = f
         .admin_token
         .or_else(|| cfg.admin_bearer().map(|t| t.expose().to_string()));
+    if let FencesAction::Highest { prefix } = &f.action {
+        return rt.block_on(highest(&base, prefix.as_deref()));
+    }
     let cmd = match f.action {
         FencesAction::List {
             prefix,
@@ -97,13 +100,47 @@ fn fences(f: FencesArgs, args: ServeArgs) -> ExitCode {
         },
         FencesAction::Get { resource } => FenceCommand::Get { resource },
         FencesAction::Raise { resource, token } => FenceCommand::Raise { resource, token },
-        FencesAction::Export | FencesAction::Import { .. } => unreachable!("handled above"),
+        FencesAction::Export | FencesAction::Import { .. } | FencesAction::Highest { .. } => {
+            unreachable!("handled above")
+        }
     };
     match rt.block_on(client::run(&base, token.as_deref(), cmd)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("fencegate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fencegate fences highest`: the highest fence as JSON on stdout, and
+/// what to do with it on stderr.
+async fn highest(base: &str, prefix: Option<&str>) -> ExitCode {
+    match client::highest(base, prefix).await {
+        Ok((Some(top), n)) => {
+            println!(
+                "{}",
+                serde_json::json!({"highest": top.highest, "resource": top.resource, "fences": n})
+            );
+            eprintln!(
+                "fencegate: the highest of {n} fences is {} ({}): a lock service whose tokens \
+                 went back must give its next holder a token of at least {} \
+                 (docs/lock-services.md, \"When the tokens go back\")",
+                top.highest, top.resource, top.highest
+            );
+            ExitCode::SUCCESS
+        }
+        Ok((None, _)) => {
+            println!("{}", serde_json::json!({"highest": null, "fences": 0}));
+            eprintln!(
+                "fencegate: no fence is recorded{}",
+                prefix.map_or(String::new(), |p| format!(" under {p:?}"))
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fencegate fences highest: {e}");
             ExitCode::FAILURE
         }
     }

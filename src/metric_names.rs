@@ -4,8 +4,9 @@
 //! which installs the recorder and renders it, imports them too
 //! (`admin::metrics`).
 
-/// Requests by `op` and `outcome` (forwarded, stale, missing, invalid,
-/// condition_failed, auth, busy, upstream_error, bad_request, internal).
+/// Requests by `op` and `outcome` (forwarded, stale, not_issued, missing,
+/// invalid, condition_failed, auth, busy, unavailable, moved,
+/// upstream_error, bad_request, internal; answered for a peer's ping).
 pub const REQUESTS: &str = "fencegate_requests_total";
 /// Fences raised (a durable write of a higher token).
 pub const RAISES: &str = "fencegate_fence_raises_total";
@@ -28,6 +29,14 @@ pub const CONNECTIONS: &str = "fencegate_connections";
 pub const EAGER_UP: &str = "fencegate_eager_fencing_up";
 /// Fences raised because a lock holder lost its lock.
 pub const EAGER_RAISES: &str = "fencegate_eager_raises_total";
+/// Requests refused because their token would have raised a verified
+/// resource's fence and the lock never gave it to its holder, by
+/// `resource`.
+pub const TOKENS_NOT_ISSUED: &str = "fencegate_tokens_not_issued_total";
+/// 1 while a verified resource's lock holder has a token below the
+/// resource's fence (the lock service's tokens went back), by `resource`,
+/// `lock`, `holder` (its token) and `fence`; 0 once it is over.
+pub const LOCK_TOKENS_BEHIND: &str = "fencegate_lock_tokens_behind";
 
 /// Whether the backend itself honours a conditional write, by
 /// `condition` (`if-none-match`, `if-match`, `delete-if-match`): 1 it

@@ -168,6 +168,47 @@ async fn request(
 
 /// `fencegate fences export --admin URL`: every fence of a running node,
 /// page by page, as JSON lines on `out`. Returns how many.
+/// `fencegate fences highest`: the highest fence of every resource (under
+/// `prefix`), page by page: what a lock service whose tokens went back must
+/// be bumped past (docs/lock-services.md, "When the tokens go back").
+/// Returns the highest record, if any, and how many fences were read.
+pub async fn highest(
+    base: &str,
+    prefix: Option<&str>,
+) -> Result<(Option<super::transfer::FenceRecordOut>, u64), String> {
+    let base = base.trim_end_matches('/');
+    let mut after: Option<String> = None;
+    let (mut top, mut n): (Option<super::transfer::FenceRecordOut>, u64) = (None, 0);
+    loop {
+        let mut path = "/fences?limit=1000".to_string();
+        if let Some(p) = prefix {
+            path.push_str(&format!("&prefix={}", enc(p)));
+        }
+        if let Some(a) = &after {
+            path.push_str(&format!("&after={}", enc(a)));
+        }
+        let (status, body) = request(base, None, Method::GET, &path, None).await?;
+        if !status.is_success() {
+            return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+        }
+        let page: super::transfer::Page =
+            serde_json::from_slice(&body).map_err(|e| format!("admin API answer: {e}"))?;
+        for f in page.fences {
+            n += 1;
+            if top.as_ref().is_none_or(|t| f.highest > t.highest) {
+                top = Some(super::transfer::FenceRecordOut {
+                    resource: f.resource,
+                    highest: f.highest,
+                });
+            }
+        }
+        match page.next_after {
+            Some(a) => after = Some(a),
+            None => return Ok((top, n)),
+        }
+    }
+}
+
 pub async fn export(base: &str, out: &mut dyn std::io::Write) -> Result<u64, String> {
     let base = base.trim_end_matches('/');
     let mut after: Option<String> = None;

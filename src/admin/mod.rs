@@ -7,7 +7,8 @@
 //!   connections; it also shows whether the backend honours conditional
 //!   writes itself (`upstream::probe`), and the writes in doubt
 //!   (`fence::doubt`): how many, and how long a start-up quarantine has
-//!   left;
+//!   left; and the verified resources whose lock holder has a token below
+//!   the fence (`locks::issued`: the lock service's tokens went back);
 //! - `GET /fences?prefix=&limit=&after=`: recorded fences, paginated;
 //! - `GET /fences/{resource}`: one fence;
 //! - `POST /fences/{resource}` with `{"token": N}` and
@@ -25,6 +26,7 @@ pub mod transfer;
 use crate::body::{ProxyBody, full};
 use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
+use crate::fence::issued::Issued;
 use crate::s3::query;
 use crate::s3::session::{Issuer, rfc3339};
 use crate::s3::sigv4::same_signature;
@@ -134,6 +136,7 @@ impl Admin {
             let startup = doubts
                 .blanket_until()
                 .map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
+            let behind = self.gate.issuers().map(|i| i.behind()).unwrap_or_default();
             json!({
                 "status": "ready",
                 "backend_conditions": self.probe.found(),
@@ -141,6 +144,7 @@ impl Admin {
                     "writes": doubts.count(),
                     "startup_quarantine_ms": startup.map(|d| d.as_millis() as u64),
                 },
+                "lock_tokens_behind": behind,
             })
         };
         let Some(addr) = &self.backend_addr else {
@@ -280,6 +284,42 @@ impl Admin {
         }
     }
 
+    /// A credential named for a verified lock (`[[eager]] verify`) is
+    /// issued only for the token its holder has now, as the lock service
+    /// confirms it; for another lock, or none named, as the caller says.
+    async fn confirmed(&self, lock: &str, token: u64) -> Result<(), Response<ProxyBody>> {
+        let Some(issuers) = self.gate.issuers() else {
+            return Ok(());
+        };
+        let Some(resource) = issuers.resource_of_lock(lock) else {
+            return Ok(());
+        };
+        match issuers.check(resource, token).await {
+            Ok(Issued::Holder) => Ok(()),
+            Ok(
+                Issued::Earlier { holder }
+                | Issued::NotIssued {
+                    holder: Some(holder),
+                },
+            ) => Err(json(
+                StatusCode::FORBIDDEN,
+                json!({"error": format!("lock {lock}'s holder has token {holder}, not {token}: \
+                                         no credential is issued for a token the lock's \
+                                         holder does not have")}),
+            )),
+            Ok(Issued::NotIssued { holder: None }) => Err(json(
+                StatusCode::FORBIDDEN,
+                json!({"error": format!("lock {lock} has no holder now: no credential is \
+                                         issued for token {token}")}),
+            )),
+            Err(why) => Err(json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": format!("lock {lock}'s service cannot be asked whether \
+                                         token {token} is its holder's: {why}")}),
+            )),
+        }
+    }
+
     /// `POST /credentials`: session credentials for a token the caller
     /// holds. The answer is the only place their secret and session token
     /// appear; the log line names the access key id, token, lock and scope.
@@ -318,6 +358,9 @@ impl Admin {
                 );
             }
         };
+        if let Err(refused) = self.confirmed(&ask.lock, ask.token).await {
+            return refused;
+        }
         let now = std::time::SystemTime::now();
         let issued = match issuer.issue(ask.token, &ask.lock, &ask.scope, ask.ttl_secs, now) {
             Ok(i) => i,

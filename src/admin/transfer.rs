@@ -113,6 +113,13 @@ pub struct Page {
     pub next_after: Option<String>,
 }
 
+/// One resource's fence, as `fencegate fences highest` prints it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FenceRecordOut {
+    pub resource: String,
+    pub highest: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

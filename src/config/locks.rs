@@ -79,6 +79,12 @@ pub struct EagerConfig {
     /// The PostgreSQL lock name (`fencegate lock --postgres .. NAME`).
     #[serde(default)]
     pub postgres_lock: Option<String>,
+    /// Verified raises: a request's token that would raise the resource's
+    /// fence must be the lock's holder's (asked of the lock service when
+    /// the watch does not know), or it raises nothing and is refused `403
+    /// FencingTokenNotIssued`.
+    #[serde(default)]
+    pub verify: bool,
 }
 
 /// The lock an eager entry follows.
@@ -88,6 +94,18 @@ pub enum LockRef {
     ZooKeeper(String),
     Redis(String),
     Postgres(String),
+}
+
+impl std::fmt::Display for LockRef {
+    /// The lock as its service and name, e.g. `etcd:orders`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockRef::Etcd(n) => write!(f, "etcd:{n}"),
+            LockRef::ZooKeeper(p) => write!(f, "zookeeper:{p}"),
+            LockRef::Redis(k) => write!(f, "redis:{k}"),
+            LockRef::Postgres(n) => write!(f, "postgres:{n}"),
+        }
+    }
 }
 
 impl EagerConfig {

@@ -13,14 +13,20 @@ use crate::metric_names as m;
 use std::sync::Arc;
 use std::sync::Mutex;
 
-/// Starts one watcher task per `[[eager]]` entry.
+/// Starts one watcher task per `[[eager]]` entry, and ties the entries
+/// with `verify` to their locks at the gate (`super::issued`).
 pub fn spawn_all(locks: &LocksConfig, eager: &[EagerConfig], gate: Arc<Gate>) {
+    let holders = super::issued::Holders::of(locks, eager).map(Arc::new);
+    if let Some(h) = &holders {
+        gate.set_issuers(h.clone());
+    }
     for e in eager {
         let fencer = Arc::new(Fencer {
             gate: gate.clone(),
             resource: e.resource.clone(),
             lock: e.lock(),
             watch: Mutex::new(Watch::Unknown),
+            followed: holders.as_ref().and_then(|h| h.followed(&e.resource)),
         });
         metrics::gauge!(m::EAGER_UP, "resource" => e.resource.clone()).set(0.0);
         match e.lock() {
@@ -128,13 +134,32 @@ struct Fencer {
     resource: String,
     lock: LockRef,
     watch: Mutex<Watch>,
+    /// With `verify`: the lock's holder as the gate's checks read it.
+    followed: Option<Arc<super::issued::Followed>>,
 }
 
 impl Fencer {
     fn seen(self: &Arc<Self>, s: Seen) {
         match s {
+            Seen::Holder(token) => {
+                let Some(f) = self.followed.clone() else {
+                    return;
+                };
+                f.holder_seen(token);
+                // Below the fence: the service's tokens went back.
+                let gate = self.gate.clone();
+                let resource = self.resource.clone();
+                tokio::spawn(async move {
+                    if let Ok(fence) = gate.highest(&resource).await {
+                        f.compare(token, fence);
+                    }
+                });
+            }
             Seen::Up | Seen::Down => {
                 let up = s == Seen::Up;
+                if let (false, Some(f)) = (up, &self.followed) {
+                    f.watch_down();
+                }
                 let now = if up { Watch::Up } else { Watch::Down };
                 let was = std::mem::replace(
                     &mut *self.watch.lock().unwrap_or_else(|p| p.into_inner()),

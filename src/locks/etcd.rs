@@ -9,11 +9,13 @@
 //! previous holder's key was deleted, so its token is at least the revision
 //! of that deletion — the value eager fencing raises the fence to.
 
+use super::issued::Holding;
 use super::watch::{Broken, Report, Watch};
 use super::{Backoff, LockError, Seen};
 use crate::config::access::AccessConfig;
 use etcd_client::{
-    Client, ConnectOptions, EventType, GetOptions, LockOptions, WatchOptions, WatchStream,
+    Client, ConnectOptions, EventType, GetOptions, LockOptions, PutOptions, WatchOptions,
+    WatchStream,
 };
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -81,6 +83,17 @@ pub async fn acquire(
     };
     let key = String::from_utf8_lossy(resp.key()).into_owned();
     let token = resp.header().map(|h| h.revision()).unwrap_or(0) as u64;
+    // The token goes in the key (under its lease, which it keeps), where a
+    // verifying fencegate reads it: etcd keeps no other trace of it
+    // (`issued.rs`). Without it a check is only as exact as a revision range.
+    let put = client.put(
+        resp.key(),
+        token.to_string(),
+        Some(PutOptions::new().with_lease(lease)),
+    );
+    if let Err(e) = put.await {
+        tracing::warn!(key, "cannot write the token into the lock key: {e}");
+    }
     let guard = tokio::spawn(watch_own_key(client.clone(), key.clone(), token, lost_tx));
     Ok(EtcdLock {
         token,
@@ -177,11 +190,16 @@ async fn watch_own_key(
     }
 }
 
-/// The contenders of one lock: key → create revision.
+/// The contenders of one lock: key → create revision, and the tokens
+/// `fencegate lock` holders wrote into their keys.
 #[derive(Default)]
 struct Queue {
     by_rev: BTreeMap<i64, String>,
     by_key: BTreeMap<String, i64>,
+    tokens: BTreeMap<String, u64>,
+    /// The revision at which the holder became it, when a deletion seen
+    /// made it so (its token is at least that).
+    since: i64,
 }
 
 impl Queue {
@@ -189,19 +207,41 @@ impl Queue {
         self.by_rev.iter().next()
     }
 
-    fn insert(&mut self, key: String, rev: i64) {
+    fn insert(&mut self, key: String, rev: i64, value: &[u8]) {
+        if let Some(t) = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+            self.tokens.insert(key.clone(), t);
+        }
         if self.by_key.insert(key.clone(), rev).is_none() {
             self.by_rev.insert(rev, key);
         }
     }
 
-    /// Removes `key`; true if it was the holder.
-    fn remove(&mut self, key: &str) -> bool {
+    /// Removes `key`, deleted at revision `at`; true if it was the holder.
+    fn remove(&mut self, key: &str, at: i64) -> bool {
         let was_holder = self.holder().map(|(_, k)| k.as_str()) == Some(key);
         if let Some(rev) = self.by_key.remove(key) {
             self.by_rev.remove(&rev);
         }
+        self.tokens.remove(key);
+        if was_holder {
+            self.since = at;
+        }
         was_holder
+    }
+
+    /// What the holder's token is: the one its key holds (at least the
+    /// key's revision: a value below it is not a token), else at least the
+    /// key's revision and the deletion that made it the holder.
+    fn holding(&self) -> Option<Holding> {
+        let (rev, key) = self.holder()?;
+        Some(match self.tokens.get(key) {
+            Some(t) if *t >= *rev as u64 => Holding::exact(*t),
+            _ => Holding {
+                token: (*rev).max(self.since) as u64,
+                exact: false,
+                ceiling: None,
+            },
+        })
     }
 }
 
@@ -267,6 +307,8 @@ impl Watch for HolderWatch {
             self.queue = Some(fresh);
             self.next_rev = rev + 1;
         }
+        let q = self.queue.as_ref().expect("read above");
+        seen(Seen::Holder(q.holding()));
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(self.next_rev);
@@ -297,9 +339,9 @@ impl Watch for HolderWatch {
                 let Some(kv) = ev.kv() else { continue };
                 let key = String::from_utf8_lossy(kv.key()).into_owned();
                 match ev.event_type() {
-                    EventType::Put => q.insert(key, kv.create_revision()),
+                    EventType::Put => q.insert(key, kv.create_revision(), kv.value()),
                     EventType::Delete => {
-                        if q.remove(&key) {
+                        if q.remove(&key, kv.mod_revision()) {
                             seen(Seen::Raise {
                                 token: kv.mod_revision() as u64,
                                 why: format!("holder key {key} deleted"),
@@ -309,8 +351,30 @@ impl Watch for HolderWatch {
                 }
                 self.next_rev = self.next_rev.max(kv.mod_revision() + 1);
             }
+            seen(Seen::Holder(q.holding()));
         }
     }
+}
+
+/// What lock `name`'s holder's token is now, asked of etcd: the token its
+/// key holds, else between the key's create revision and etcd's revision
+/// (`None`: nobody holds it).
+pub async fn holder_now(client: &mut Client, name: &str) -> Result<Option<Holding>, String> {
+    let (q, rev) = read_queue(client, &format!("{name}/"))
+        .await
+        .map_err(|e| format!("cannot read lock {name}: {e}"))?;
+    Ok(q.holding().map(|h| match h.exact {
+        true => h,
+        false => Holding {
+            ceiling: Some(rev as u64),
+            ..h
+        },
+    }))
+}
+
+/// A client for [`holder_now`].
+pub async fn client_for(endpoints: &[String], access: &AccessConfig) -> Result<Client, String> {
+    connect(endpoints, access).await.map_err(|e| e.to_string())
 }
 
 async fn read_queue(client: &mut Client, prefix: &str) -> Result<(Queue, i64), etcd_client::Error> {
@@ -322,6 +386,7 @@ async fn read_queue(client: &mut Client, prefix: &str) -> Result<(Queue, i64), e
         q.insert(
             String::from_utf8_lossy(kv.key()).into_owned(),
             kv.create_revision(),
+            kv.value(),
         );
     }
     Ok((q, resp.header().map(|h| h.revision()).unwrap_or(0)))
@@ -361,21 +426,30 @@ mod tests {
     #[test]
     fn only_the_holder_leaving_counts() {
         let mut q = Queue::default();
-        q.insert("l/a".into(), 5);
-        q.insert("l/b".into(), 7);
-        q.insert("l/c".into(), 9);
-        assert!(!q.remove("l/b"), "a waiter leaving is not the holder");
-        assert!(q.remove("l/a"));
+        q.insert("l/a".into(), 5, b"");
+        q.insert("l/b".into(), 7, b"");
+        q.insert("l/c".into(), 9, b"");
+        assert!(!q.remove("l/b", 10), "a waiter leaving is not the holder");
+        assert!(q.remove("l/a", 11));
         assert_eq!(q.holder().map(|(_, k)| k.as_str()), Some("l/c"));
         // A put to an existing key (a refresh) keeps its place.
-        q.insert("l/c".into(), 12);
+        q.insert("l/c".into(), 12, b"");
         assert_eq!(q.holder(), Some((&9, &"l/c".to_string())));
+        // Its token is at least the deletion that made it the holder...
+        let h = q.holding().unwrap();
+        assert_eq!((h.token, h.exact), (11, false));
+        // ...and exactly what its holder wrote into its key.
+        q.insert("l/c".into(), 9, b"13");
+        assert_eq!(q.holding(), Some(Holding::exact(13)));
+        // A value below the key's revision is no token.
+        q.insert("l/c".into(), 9, b"3");
+        assert!(!q.holding().unwrap().exact);
     }
 
     fn queue(keys: &[(&str, i64)]) -> Queue {
         let mut q = Queue::default();
         for (k, r) in keys {
-            q.insert(k.to_string(), *r);
+            q.insert(k.to_string(), *r, b"");
         }
         q
     }

@@ -16,6 +16,9 @@
 //!   credentials, renewed while the lock is held.
 //! - [`eager`] raises a resource's fence the moment its lock holder loses the
 //!   lock, before any new holder writes.
+//! - [`issued`]: the locks of verified resources (`[[eager]] verify`), which
+//!   say whether a token that would raise a fence is the holder's: from
+//!   what the watch saw, else by asking the service.
 //!
 //! The `[locks]` table and the `[[eager]]` entries they read are in
 //! [`crate::config::locks`].
@@ -24,6 +27,7 @@ pub mod eager;
 pub mod endpoint;
 pub mod etcd;
 pub mod helper;
+pub mod issued;
 pub mod postgres;
 pub mod redis;
 mod watch;
@@ -41,6 +45,10 @@ pub enum Seen {
     Down,
     /// The holder lost the lock: raise the fence to this token.
     Raise { token: u64, why: String },
+    /// What is known of the token of the lock's holder now (`None`: nobody
+    /// holds it, or its token is not known yet), as the watch sees it;
+    /// reported when the watch is set up and whenever it may have changed.
+    Holder(Option<issued::Holding>),
 }
 
 /// Why a lock could not be taken, or stopped being held.

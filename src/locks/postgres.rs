@@ -18,6 +18,7 @@
 //!   the TTL, which releases the lock; the helper counts the lock lost when
 //!   no ping was answered for a TTL or the connection closes.
 
+use super::issued::Holding;
 use super::watch::{Broken, Report, Watch};
 use super::{LockError, Seen};
 use crate::access::PgTls;
@@ -302,6 +303,35 @@ async fn token_and_holder(
 /// Watches lock `name` at `url` by polling `pg_locks` every `every`, and
 /// reports each time its holder's session lets go of it (ended, or
 /// unlocked). The fence: see `fence_for`.
+/// The token of lock `name`'s holder now, as its session published it,
+/// asked of the server (`None`: nobody holds it, or its holder has not
+/// published its token yet, which it does before it can know it).
+pub async fn holder_now(
+    client: &Client,
+    name: &str,
+    sequence: &str,
+) -> Result<Option<Holding>, String> {
+    let (_, holder) = token_and_holder(client, name, sequence)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot read lock {name}: {}",
+                crate::access::postgres_error(&e)
+            )
+        })?;
+    Ok(holder.and_then(|h| h.token).map(Holding::exact))
+}
+
+/// A connection for [`holder_now`], and the receiver that says when it
+/// closed.
+pub async fn client_for(
+    url: &str,
+    access: &AccessConfig,
+) -> Result<(Client, watch::Receiver<Option<String>>), String> {
+    let (client, closed, _) = connect(url, access).await.map_err(|e| e.to_string())?;
+    Ok((client, closed))
+}
+
 pub async fn watch_holder(
     url: String,
     access: AccessConfig,
@@ -382,6 +412,9 @@ impl Watch for HolderWatch {
                     why: format!("holder session {} let go of the lock", old.session.0),
                 });
             }
+            seen(Seen::Holder(
+                holder.as_ref().and_then(|h| h.token).map(Holding::exact),
+            ));
             self.known = holder;
             tokio::time::sleep(self.every).await;
         }

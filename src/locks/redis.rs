@@ -13,6 +13,7 @@
 //! What the counter promises depends on the server's persistence and
 //! replication: see docs/lock-services.md ("Redis: the honest part").
 
+use super::issued::Holding;
 use super::watch::{Broken, Report, Watch};
 use super::{LockError, Seen};
 use crate::config::access::AccessConfig;
@@ -363,6 +364,35 @@ fn fence_for(counter: u64, holder: &str) -> u64 {
     }
 }
 
+/// The token of lock `name`'s holder now: the counter, while the lock key
+/// is held (the script that takes the lock raises the counter), asked of
+/// Redis (`None`: nobody holds it).
+pub async fn holder_now(
+    conn: &mut MultiplexedConnection,
+    name: &str,
+) -> Result<Option<Holding>, String> {
+    let (c, holder) = read_state(conn, name, &counter_key(name))
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot read lock {name}: {}",
+                crate::access::redis_error(&e)
+            )
+        })?;
+    Ok((!holder.is_empty()).then_some(Holding::exact(c)))
+}
+
+/// A connection for [`holder_now`].
+pub async fn connection_for(
+    url: &str,
+    access: &AccessConfig,
+) -> Result<MultiplexedConnection, String> {
+    let c = client(url, access).map_err(|e| e.to_string())?;
+    connect(&c, WATCH_TIMEOUT)
+        .await
+        .map_err(|e| crate::access::redis_error(&e))
+}
+
 async fn read_state(
     conn: &mut MultiplexedConnection,
     name: &str,
@@ -476,6 +506,9 @@ impl Watch for HolderWatch {
                 why: "the holder changed while the subscription was down".into(),
             });
         }
+        seen(Seen::Holder(
+            (!holder.is_empty()).then_some(Holding::exact(c)),
+        ));
         self.known = Some(holder);
         Ok(Subscribed { conn, pubsub })
     }
@@ -502,6 +535,7 @@ impl Watch for HolderWatch {
                             why: format!("lock key {}: {event}", self.name),
                         });
                     }
+                    seen(Seen::Holder((!holder.is_empty()).then_some(Holding::exact(c))));
                     self.known = Some(holder);
                 }
                 _ = check.tick() => {

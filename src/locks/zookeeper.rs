@@ -8,6 +8,7 @@
 //! empty container and wraps at 2^31. Apache Curator's `InterProcessMutex`
 //! on the same path takes the same lock.
 
+use super::issued::Holding;
 use super::watch::{Broken, Report, Watch};
 use super::{LockError, Seen};
 use crate::config::access::AccessConfig;
@@ -268,10 +269,13 @@ async fn follow_children(
     loop {
         let (children, dir, watcher) = match client.get_and_watch_children(path).await {
             Ok(r) => r,
-            Err(zk::Error::NoNode) => match no_directory(client, path, holder, seen).await {
-                Ok(()) => continue,
-                Err(broken) => return broken,
-            },
+            Err(zk::Error::NoNode) => {
+                seen(Seen::Holder(None));
+                match no_directory(client, path, holder, seen).await {
+                    Ok(()) => continue,
+                    Err(broken) => return broken,
+                }
+            }
             Err(e) => return Broken::new(format!("cannot watch {path}: {e}")),
         };
         let current = children
@@ -279,6 +283,16 @@ async fn follow_children(
             .filter_map(|c| sequence(c).map(|s| (s, c)))
             .min()
             .map(|(_, c)| c.clone());
+        let token = match &current {
+            Some(new) => match client.check_stat(&format!("{path}/{new}")).await {
+                Ok(Some(st)) => Some(st.czxid as u64),
+                // Gone already: look again.
+                Ok(None) => continue,
+                Err(e) => return Broken::new(format!("cannot read {path}/{new}: {e}")),
+            },
+            None => None,
+        };
+        seen(Seen::Holder(token.map(Holding::exact)));
         if let Some(old) = holder.as_ref()
             && current.as_ref() != Some(old)
         {
@@ -302,6 +316,40 @@ async fn follow_children(
             return Broken::new(format!("session {:?}", ev.session_state));
         }
     }
+}
+
+/// The token of the holder of the lock in directory `path` now: the czxid
+/// of its lowest sequential node, asked of ZooKeeper (`None`: nobody holds
+/// it).
+pub async fn holder_now(client: &zk::Client, path: &str) -> Result<Option<Holding>, String> {
+    let children = match client.list_children(path).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(e) => return Err(format!("cannot read {path}: {e}")),
+    };
+    let lowest = children
+        .iter()
+        .filter_map(|c| sequence(c).map(|s| (s, c)))
+        .min()
+        .map(|(_, c)| c.clone());
+    let Some(node) = lowest else { return Ok(None) };
+    match client.check_stat(&format!("{path}/{node}")).await {
+        Ok(Some(st)) => Ok(Some(Holding::exact(st.czxid as u64))),
+        // Released in between: its successor, if any, asked again.
+        Ok(None) => Box::pin(holder_now(client, path)).await,
+        Err(e) => Err(format!("cannot read {path}/{node}: {e}")),
+    }
+}
+
+/// A session for [`holder_now`].
+pub async fn client_for(
+    servers: &str,
+    access: &AccessConfig,
+    session: Duration,
+) -> Result<zk::Client, String> {
+    connect(servers, access, session)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// No directory: nobody holds or waits. ZooKeeper reaped the empty

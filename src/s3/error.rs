@@ -18,6 +18,15 @@ pub enum S3Error {
     },
     #[error("this write is fenced and needs a fencing token (resource {0})")]
     MissingFencingToken(String),
+    /// A token that would raise a verified resource's fence, which its
+    /// lock never gave its holder (CONTRACT §7).
+    #[error("fencing token {token} was never given to the holder of lock {lock} ({}); nothing was raised or done on {resource}", match holder { Some(h) => format!("its holder has token {h}"), None => "it has no holder now".to_string() })]
+    FencingTokenNotIssued {
+        token: u64,
+        lock: String,
+        holder: Option<u64>,
+        resource: String,
+    },
     #[error("{0}")]
     InvalidFencingToken(String),
 
@@ -117,6 +126,20 @@ impl S3Error {
                 S3Error::SlowDown(format!("{resource} moved to another replica"))
             }
             Refusal::Unmarked => S3Error::SlowDown(format!("{resource} is changing hands")),
+            Refusal::NotIssued {
+                lock,
+                token,
+                holder,
+            } => S3Error::FencingTokenNotIssued {
+                token,
+                lock,
+                holder,
+                resource: resource.to_string(),
+            },
+            Refusal::Unverified { lock, why } => S3Error::ServiceUnavailable(format!(
+                "this token would raise the fence of {resource}, which is verified with lock \
+                 {lock}, and the lock service cannot be asked now ({why}); nothing was done"
+            )),
             Refusal::InDoubt(left) => S3Error::SlowDown(format!(
                 "an older write to {resource} whose outcome is unknown (its answer was lost, \
                  or fencegate restarted while it was in flight) may still land at the backend \
@@ -181,6 +204,7 @@ impl S3Error {
             | SignatureDoesNotMatch
             | RequestTimeTooSkewed
             | InvalidToken(_)
+            | FencingTokenNotIssued { .. }
             | ExpiredRequest => StatusCode::FORBIDDEN,
             NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             MissingContentLength => StatusCode::LENGTH_REQUIRED,
@@ -211,6 +235,7 @@ impl S3Error {
         match self {
             StaleFencingToken { .. } => "StaleFencingToken",
             MissingFencingToken(_) => "MissingFencingToken",
+            FencingTokenNotIssued { .. } => "FencingTokenNotIssued",
             InvalidFencingToken(_) => "InvalidFencingToken",
             PreconditionFailed(_) => "PreconditionFailed",
             NoSuchKey(_) => "NoSuchKey",
@@ -249,6 +274,7 @@ impl S3Error {
         use S3Error::*;
         match self {
             StaleFencingToken { .. } => "stale",
+            FencingTokenNotIssued { .. } => "not_issued",
             MissingFencingToken(_) => "missing",
             InvalidFencingToken(_) => "invalid",
             PreconditionFailed(_) | NoSuchKey(_) => "condition_failed",

@@ -176,6 +176,13 @@ impl Holder {
         None
     }
 
+    /// Ends the command (SIGTERM to its group): `fencegate lock` then
+    /// releases the lock and exits.
+    pub fn release(mut self) {
+        unsafe { libc::kill(-self.group, libc::SIGTERM) };
+        self.wait_exit(20);
+    }
+
     /// Whether the command (its process group) is still alive.
     pub fn command_alive(&self) -> bool {
         unsafe { libc::kill(-self.group, 0) == 0 }

@@ -24,6 +24,10 @@ impl Gate {
     ) -> Result<(Admission, Option<ObjectHold>), Refusal> {
         match &self.cluster {
             Some(c) if self.holds.put_by_admission() => {
+                if self.verifies(resource) {
+                    let fence = self.table.get(resource).await?;
+                    self.verify_raise(resource, token, fence).await?;
+                }
                 let admitted = self.admit_per_write(c, resource, token, Kind::Write, Some(object));
                 let (permit, hold) = Box::pin(admitted).await?;
                 Ok((Admission::Here(permit), hold.map(ObjectHold::in_cluster)))

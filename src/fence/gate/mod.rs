@@ -28,6 +28,7 @@ mod barrier;
 mod cluster;
 mod outcome;
 mod owned;
+mod verified;
 
 use barrier::push_entry;
 pub use outcome::{Admission, Refusal};
@@ -290,6 +291,8 @@ pub struct Gate {
     /// Cluster mode with owners: stopping, every resource let go; no
     /// resource is taken again (`owned.rs`, `release_all`).
     closing: AtomicBool,
+    /// The locks of resources whose raises are verified (`verified.rs`).
+    issuers: std::sync::OnceLock<Arc<dyn crate::fence::issued::Issuers>>,
 }
 
 /// Default for [`Gate::set_max_slots`].
@@ -309,6 +312,7 @@ impl Gate {
             predecessors: Default::default(),
             doubts: Arc::new(Doubts::new(None)),
             closing: AtomicBool::new(false),
+            issuers: Default::default(),
         }
     }
 
@@ -536,12 +540,20 @@ impl Gate {
                 return Box::pin(self.admit_owned(c, (resource, touch), token, kind)).await;
             }
             Mode::PerWrite(c) => {
+                if self.verifies(resource) {
+                    let fence = self.table.get(resource).await?;
+                    self.verify_raise(resource, token, fence).await?;
+                }
                 let admitted = Box::pin(self.admit_per_write(c, resource, token, kind, None)).await;
                 return admitted.map(|(permit, _)| Admission::Here(permit));
             }
             Mode::Single => {}
         }
         let slot = self.slot(resource).await?;
+        if self.verifies(resource) {
+            let fence = slot.lock().highest;
+            self.verify_raise(resource, token, fence).await?;
+        }
         self.raise_slot(&slot, resource, token, None).await?;
         self.barrier(&slot, (resource, touch), token, kind, None)
             .await

@@ -40,6 +40,18 @@ pub enum Refusal {
     /// (`fence::doubt`): nothing newer is admitted before.
     #[error("an older write whose outcome is unknown may still land for {0:?}")]
     InDoubt(std::time::Duration),
+    /// The resource's lock never gave this token to its holder
+    /// (`fence::issued`): nothing raised.
+    #[error("lock {lock} never gave token {token} to its holder")]
+    NotIssued {
+        lock: String,
+        token: u64,
+        holder: Option<u64>,
+    },
+    /// The resource's lock service could not be asked whether a raise's
+    /// token is its holder's: nothing raised.
+    #[error("lock {lock} could not be asked whether the token is its holder's: {why}")]
+    Unverified { lock: String, why: String },
 }
 
 /// Where a request was admitted.

@@ -128,6 +128,10 @@ impl Gate {
                 Owning::By(replica, epoch) => return Ok(Admission::Owner(replica, epoch)),
             };
             let owner = Some((c, tenure));
+            if self.verifies(resource) {
+                let fence = slot.lock().highest;
+                self.verify_raise(resource, token, fence).await?;
+            }
             let admitted = match self.raise_slot(&slot, resource, token, owner).await {
                 Ok(_) => {
                     self.barrier(&slot, (resource, touch), token, kind, owner)
