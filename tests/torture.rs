@@ -23,6 +23,8 @@ mod checker;
 mod common;
 #[path = "torture/faults.rs"]
 mod faults;
+#[path = "torture/forger.rs"]
+mod forger;
 #[path = "torture/history.rs"]
 mod history;
 #[path = "torture/late_apply.rs"]
@@ -167,8 +169,9 @@ async fn short_run() {
     let writers = env_u64("TORTURE_WRITERS").unwrap_or(8) as u32;
     let etcd = Etcd::start();
     let rules = format!(
-        "{}[[rules]]\nbucket = \"demo\"\nprefix = \"control/\"\nmode = \"unfenced\"\n",
-        shared_rules("demo", "fenced/", MULTIS)
+        "{}[[rules]]\nbucket = \"demo\"\nprefix = \"control/\"\nmode = \"unfenced\"\n\n{}",
+        shared_rules("demo", "fenced/", MULTIS),
+        verified(&etcd, &resources("fencegate", "fenced/", LOGS, MULTIS))
     );
     let fg = Fencegate::start(Backend::Embedded, &rules);
     common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
@@ -211,6 +214,17 @@ async fn short_run() {
         hop: hop.clone(),
         every_ms: (6_000, 12_000),
     };
+    // Beside the holders, a writer with made-up tokens (issue #57).
+    let (forger_stop, forger_rx) = tokio::sync::watch::channel(false);
+    let forger = tokio::spawn(forger::forge(
+        client(),
+        "demo".into(),
+        etcd.endpoint.clone(),
+        arms[0].resources.clone(),
+        arms[0].hist.clone(),
+        seed,
+        forger_rx,
+    ));
     let kills = drive(
         &arms,
         Budget {
@@ -221,6 +235,32 @@ async fn short_run() {
         seed,
     )
     .await;
+    forger_stop.send_replace(true);
+    let forged = forger.await.unwrap();
+    println!(
+        "torture short run: forger sent {} made-up tokens, answered {:?}",
+        forged.sent, forged.answers
+    );
+    assert!(
+        forged.acknowledged.is_empty(),
+        "made-up tokens went through: {:?}",
+        forged.acknowledged
+    );
+    // Nor did one raise a fence past what etcd ever issued.
+    let admin = fg.lock().unwrap().admin;
+    let (_, listed) = common::http_call(
+        "GET",
+        &format!("http://{admin}/fences?limit=1000"),
+        None,
+        None,
+    )
+    .await;
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let revision = etcd_revision(&etcd.endpoint).await;
+    for f in listed["fences"].as_array().unwrap() {
+        let h = f["highest"].as_u64().unwrap();
+        assert!(h <= revision, "fence {f} above etcd's revision {revision}");
+    }
     println!(
         "torture short run: {}s, {kills} kill -9, front hop {}",
         start.elapsed().as_secs(),
@@ -425,6 +465,33 @@ async fn long_run() {
         fenced.counts.ops
     );
     verdict(&fenced, &control);
+}
+
+/// etcd's revision now.
+async fn etcd_revision(endpoint: &str) -> u64 {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let r = c.get("torture-revision", None).await.unwrap();
+    r.header().unwrap().revision() as u64
+}
+
+/// `[[eager]]` entries with `verify = true` for an arm's resources (each
+/// follows its etcd lock), and the `[locks]` table.
+fn verified(etcd: &Etcd, resources: &[workload::Resource]) -> String {
+    let mut out = format!("[locks]\netcd_endpoints = [\"{}\"]\n\n", etcd.endpoint);
+    for r in resources {
+        // A log's resource is its object; a prefix's, the rule's name.
+        let resource = match r.keys.as_slice() {
+            [one] => format!("demo/{one}"),
+            keys => keys[0].rsplit_once('/').unwrap().0.to_string(),
+        };
+        out += &format!(
+            "[[eager]]\nresource = \"{resource}\"\netcd_lock = \"{}\"\nverify = true\n\n",
+            r.name
+        );
+    }
+    out
 }
 
 /// The store behind a crash run.

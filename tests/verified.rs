@@ -326,3 +326,37 @@ async fn a_postgres_sequence_set_back_is_reported_and_bumped_back() {
     };
     tokens_go_back_and_the_way_back(&mut s, |s| set(s, 1), set).await;
 }
+
+/// Session credentials named for a verified lock are issued only for the
+/// token its holder has, as the lock service confirms it; for a lock no
+/// `[[eager]] verify` entry follows, as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_for_a_verified_lock_only_for_its_holders_token() {
+    const ADMIN: &str = "verified-admin-token-0123456789";
+    let server = Server::Etcd(Etcd::start());
+    let fg = Fencegate::start_with(
+        Backend::Embedded,
+        &format!("admin_token = \"{ADMIN}\"\n"),
+        &format!("{RULE}\n{}", server.toml()),
+    );
+    wait_for_eager(&fg, true).await;
+    let a = server.take("orders");
+    let url = format!("http://{}/credentials", fg.admin);
+    let ask = |token: u64, lock: &str| {
+        let body = serde_json::json!({"token": token, "lock": lock, "scope": ["demo/orders/"]});
+        let url = url.clone();
+        async move { common::http_call("POST", &url, Some(ADMIN), Some(&body.to_string())).await }
+    };
+    // By the lock's name, and by the holder's key as `fencegate lock`
+    // gives it.
+    for lock in ["orders", "etcd:orders", a.key.as_str()] {
+        let (status, body) = ask(a.token, lock).await;
+        assert_eq!(status, 200, "{lock}: {body}");
+        let (status, body) = ask(a.token + 7, lock).await;
+        assert_eq!(status, 403, "{lock}: {body}");
+        assert!(body.contains(&format!("token {}", a.token)), "{body}");
+    }
+    // Another lock: not verified, issued as asked.
+    let (status, body) = ask(a.token + 7, "nightly").await;
+    assert_eq!(status, 200, "{body}");
+}

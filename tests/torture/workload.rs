@@ -21,7 +21,7 @@ use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{Credentials, Region, ResponseChecksumValidation};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use etcd_client::{Client as Etcd, LockOptions};
+use etcd_client::{Client as Etcd, LockOptions, PutOptions};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::sync::Arc;
@@ -219,6 +219,10 @@ impl Workload {
                 && let Some(h) = l.header()
             {
                 let token = h.revision() as u64;
+                // As `fencegate lock` does: the token in the holder's key,
+                // where a verifying fencegate reads it (`[[eager]] verify`).
+                let put = PutOptions::new().with_lease(lease_id);
+                let _ = etcd.put(l.key(), token.to_string(), Some(put)).await;
                 self.session(
                     w, &mut rng, &etcd, &res, token, lease_id, granted, &paused, &stop,
                 )
