@@ -25,6 +25,9 @@ pub const DEMO_SECRET_KEY: &str = "fencegate-demo-secret-key";
 
 /// The shortest session key (`[sessions] key_file`) fencegate accepts.
 pub const MIN_SESSION_KEY_CHARS: usize = 32;
+/// The shortest admin bearer (`server.admin_token`, or `FENCEGATE_ADMIN_TOKEN`
+/// when the file names none).
+pub const MIN_ADMIN_BEARER_CHARS: usize = 16;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

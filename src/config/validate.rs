@@ -6,8 +6,8 @@
 
 use super::{
     BackendConfig, BackendKind, ClusterConfig, Config, ConfigError, Credential, DEMO_ACCESS_KEY,
-    DEMO_SECRET_KEY, FenceConfig, MIN_SESSION_KEY_CHARS, RuleConfig, RuleMode, ServerConfig,
-    SessionsConfig, err,
+    DEMO_SECRET_KEY, FenceConfig, MIN_ADMIN_BEARER_CHARS, MIN_SESSION_KEY_CHARS, RuleConfig,
+    RuleMode, ServerConfig, SessionsConfig, err,
 };
 use std::collections::HashSet;
 use std::path::Path;
@@ -47,9 +47,12 @@ pub(super) fn server(server: &ServerConfig) -> Result<(), ConfigError> {
         return Err(err("server.request_timeout_ms", "must be greater than 0"));
     }
     if let Some(t) = &server.admin_token
-        && t.0.len() < 16
+        && t.0.len() < MIN_ADMIN_BEARER_CHARS
     {
-        return Err(err("server.admin_token", "must be at least 16 characters"));
+        return Err(err(
+            "server.admin_token",
+            format!("must be at least {MIN_ADMIN_BEARER_CHARS} characters"),
+        ));
     }
     Ok(())
 }
@@ -287,14 +290,29 @@ pub(super) fn sessions(s: &SessionsConfig) -> Result<(), ConfigError> {
 /// begins, so that a bad one stops it as a config error (exit 2, the field
 /// named) and not as a failed start a service manager would retry: the
 /// session keys (`[sessions]`'s files, or the one a single node keeps in
-/// its data directory), and with `kind = "s3"` the backend's keys, from the
-/// file or the environment. `env` looks a variable up (empty is unset).
-/// The other commands (`fencegate fences`) need neither.
+/// its data directory), the admin bearer from `FENCEGATE_ADMIN_TOKEN` when
+/// the file names none (as long as `server.admin_token` must be), and with
+/// `kind = "s3"` the backend's keys, from the file or the environment.
+/// `env` looks a variable up (empty is unset). The other commands
+/// (`fencegate fences`) need none of them.
 pub(super) fn serving(
     cfg: &Config,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     session_keys(cfg)?;
+    if cfg.server.admin_token.is_none()
+        && let Some(t) = env("FENCEGATE_ADMIN_TOKEN")
+        && t.len() < MIN_ADMIN_BEARER_CHARS
+    {
+        return Err(err(
+            "FENCEGATE_ADMIN_TOKEN",
+            format!(
+                "the admin bearer (server.admin_token is unset) is {} characters long: at \
+                 least {MIN_ADMIN_BEARER_CHARS} are needed, as for server.admin_token",
+                t.len()
+            ),
+        ));
+    }
     let b = &cfg.backend;
     if b.kind == BackendKind::S3 {
         if b.access_key_id.is_none() && env("AWS_ACCESS_KEY_ID").is_none() {
@@ -372,10 +390,31 @@ mod tests {
         let only_id = |k: &str| (k == "AWS_ACCESS_KEY_ID").then(|| "id".to_string());
         let e = serving(&cfg, &only_id).unwrap_err();
         assert!(e.to_string().contains("`backend.secret_access_key`"), "{e}");
-        serving(&cfg, &|_| Some("k".into())).unwrap();
+        serving(&cfg, &|k| k.starts_with("AWS_").then(|| "k".into())).unwrap();
         let keys = "access_key_id = \"k\"\nsecret_access_key = \"s\"\n";
         let cfg = Config::parse(&format!("{s3}{keys}")).unwrap();
         serving(&cfg, &no_env).unwrap();
+    }
+
+    /// `FENCEGATE_ADMIN_TOKEN` needs the 16 characters `server.admin_token`
+    /// needs (it was taken at any length, one character included), and is
+    /// not looked at when the file names the bearer.
+    #[test]
+    fn the_admin_bearer_from_the_environment_needs_16_characters() {
+        let bearer =
+            |v: &'static str| move |k: &str| (k == "FENCEGATE_ADMIN_TOKEN").then(|| v.to_string());
+        let dir = tempfile::tempdir().unwrap();
+        let server = format!("[server]\ndata_dir = \"{}\"\n", dir.path().display());
+        let cfg = Config::parse(&server).unwrap();
+        let e = serving(&cfg, &bearer("x")).unwrap_err().to_string();
+        assert!(
+            e.contains("`FENCEGATE_ADMIN_TOKEN`") && e.contains("is 1 characters long"),
+            "{e}"
+        );
+        assert!(serving(&cfg, &bearer("0123456789abcde")).is_err());
+        serving(&cfg, &bearer("0123456789abcdef")).unwrap();
+        let named = format!("{server}admin_token = \"0123456789abcdef\"\n");
+        serving(&Config::parse(&named).unwrap(), &bearer("x")).unwrap();
     }
 
     #[test]
