@@ -217,8 +217,12 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) {
     }
 }
 
-/// Writes the authorization token to `path` (or a new private file),
-/// readable by its owner only.
+/// Writes the authorization token to `path` (or a new file in the
+/// temporary directory), readable by its owner only (mode 0600) whether or
+/// not `path` was there before: the token goes into a new file of that
+/// mode beside it, which then takes its name. Writing into a file that
+/// was there would keep its mode (a world-readable one stays readable),
+/// and anyone who had it open would read the token.
 fn write_token(path: Option<PathBuf>, token: &str) -> Result<PathBuf, String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -229,15 +233,28 @@ fn write_token(path: Option<PathBuf>, token: &str) -> Result<PathBuf, String> {
             rand::random::<u32>()
         ))
     });
-    let mut f = std::fs::OpenOptions::new()
+    let failed = |e: std::io::Error| format!("cannot write the token file {}: {e}", path.display());
+    let name = path.file_name().ok_or_else(|| {
+        format!(
+            "cannot write the token file {}: not a file name",
+            path.display()
+        )
+    })?;
+    let mut fresh_name = std::ffi::OsString::from(".");
+    fresh_name.push(name);
+    fresh_name.push(format!(".{:08x}.new", rand::random::<u32>()));
+    let fresh = path.with_file_name(fresh_name);
+    let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .map_err(|e| format!("cannot write the token file {}: {e}", path.display()))?;
-    f.write_all(token.as_bytes())
-        .map_err(|e| format!("cannot write the token file {}: {e}", path.display()))?;
+        .open(&fresh)
+        .and_then(|mut f| f.write_all(token.as_bytes()))
+        .and_then(|()| std::fs::rename(&fresh, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&fresh);
+        return Err(failed(e));
+    }
     Ok(path)
 }
 
@@ -305,6 +322,49 @@ mod tests {
         let file = ep.token_file.clone();
         drop(ep);
         assert!(!file.exists());
+    }
+
+    /// The token file is its owner's alone also when the path named was
+    /// there before, readable by all (its mode was kept, the token written
+    /// into it).
+    #[tokio::test]
+    async fn the_token_file_is_private_even_over_a_readable_one() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "an older, longer content than a token").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (_lost, rx) = watch::channel(false);
+        let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let at = "127.0.0.1:0".parse().unwrap();
+        let ep = start(
+            at,
+            Some(path.clone()),
+            issuer(n),
+            Duration::from_secs(60),
+            rx,
+        )
+        .await
+        .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), ep.token);
+        // Nothing is left beside it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        let default = start(
+            at,
+            None,
+            issuer(Arc::default()),
+            Duration::from_secs(60),
+            watch::channel(false).1,
+        )
+        .await
+        .unwrap();
+        let mode = std::fs::metadata(&default.token_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     }
 
     #[tokio::test]
