@@ -117,7 +117,7 @@ static HOP_BY_HOP: [HeaderName; 7] = [
 
 /// Request headers that never go upstream besides the hop-by-hop ones: the
 /// client's signature, and what fencegate sets itself.
-static DROPPED: [HeaderName; 12] = [
+static DROPPED: [HeaderName; 15] = [
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
     header::EXPECT,
@@ -130,8 +130,13 @@ static DROPPED: [HeaderName; 12] = [
     X_AMZ_TRAILER,
     // Forwarded only as fencegate parsed it, on copies (see s3::names).
     X_AMZ_COPY_SOURCE,
-    // Between replicas only (`proxy/to_owner.rs`).
+    // Between replicas only: a request forwarded to its owner or relayed
+    // to a peer (`proxy/to_owner.rs`), a ping and a successor's question
+    // (`proxy/peers.rs`).
     HeaderName::from_static("x-fencegate-forwarded"),
+    HeaderName::from_static("x-fencegate-relayed"),
+    HeaderName::from_static("x-fencegate-ping"),
+    HeaderName::from_static("x-fencegate-landed"),
 ];
 
 /// Copies the client's headers minus the dropped ones and `extra_drop`,
@@ -437,8 +442,8 @@ mod tests {
 
     /// What the backend must never get from the client: hop-by-hop framing
     /// (a second reading of where the body ends), the client's signature
-    /// and session token, and the headers fencegate writes itself from what
-    /// it parsed (the copy source among them).
+    /// and session token, the headers fencegate writes itself from what
+    /// it parsed (the copy source among them), and the replicas' own.
     #[test]
     fn dropped_headers_never_go_upstream() {
         let mut from = HeaderMap::new();
@@ -446,7 +451,17 @@ mod tests {
             from.append(name.clone(), HeaderValue::from_static("client"));
         }
         // As a client spells them: parsed, not built from the constants.
-        for name in ["Transfer-Encoding", "X-Amz-Copy-Source", "Keep-Alive"] {
+        // The replicas' own headers among them: a relayed request reached
+        // the backend with `x-fencegate-relayed` once.
+        for name in [
+            "Transfer-Encoding",
+            "X-Amz-Copy-Source",
+            "Keep-Alive",
+            "X-Fencegate-Forwarded",
+            "X-Fencegate-Relayed",
+            "X-Fencegate-Ping",
+            "X-Fencegate-Landed",
+        ] {
             let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
             from.append(name, HeaderValue::from_static("client"));
         }
