@@ -53,8 +53,8 @@
 //! - **read**: an S3 read (GET, HEAD, a listing), which a token may
 //!   raise a fence with but never needs. No function is called just
 //!   `read`: the store's are `in_read_txn` (a redb read transaction) and
-//!   `Blobs::stream_range` (a blob's bytes), the index file's is
-//!   `DbFile::database`.
+//!   `Blobs::read_now` and `Blobs::stream_range` (a blob's bytes, at once
+//!   or streamed), the index file's is `DbFile::database`.
 //! - **transport**: how `upstream::client` reaches the backend (over the
 //!   wire, or in-process to the embedded store); not a route.
 //!

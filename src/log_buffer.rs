@@ -2,12 +2,18 @@
 //! thread of its own writes out every `LINGER`, or at once when they hold
 //! `HIGH` bytes. A request appends its line to its serving thread's own
 //! buffer (`per_thread`: a copy of a few hundred bytes under a lock no
-//! other serving thread takes) and goes on: no system call, no thread
-//! woken per line, and no memory another core writes. A channel with a
-//! writer thread woken per line (tracing-appender) cost about 3.5 µs of
-//! CPU per request at 20,000 requests a second, in futex wake-ups and that
-//! thread's sleeps and wakes (BENCHMARKS.md, "CPU per request"); one
-//! buffer for all threads had every core write the same memory.
+//! other serving thread takes, only the writer) and goes on, with no
+//! system call. The writer is woken by the first line after it went idle,
+//! and when `HIGH` bytes wait; under load it is awake, and no line wakes
+//! it. What every append still shares with the other serving threads: the
+//! count of bytes waiting (`waiting`, one `fetch_add` a line, on memory
+//! every core writes), and the buffers' locks, which lie side by side,
+//! unpadded, so that neighbouring threads' appends may write the same
+//! cache line. A channel with a writer thread woken per line
+//! (tracing-appender) cost about 3.5 µs of CPU per request at 20,000
+//! requests a second, in futex wake-ups and that thread's sleeps and wakes
+//! (BENCHMARKS.md, "CPU per request"); one buffer for all threads had every
+//! core write the same buffer.
 //!
 //! Never lossy: when stderr cannot keep up and `MAX` bytes wait, an append
 //! waits for the writer instead of dropping the line. Lines appear at most

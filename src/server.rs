@@ -1,10 +1,12 @@
 //! Start-up and serving, apart as in mini-redis: [`start`] opens the fence
 //! store, starts the backend (the embedded store or a remote one) and builds
 //! the S3 and admin services; [`serve`] takes the bound [`Listeners`] and a
-//! shutdown future, accepts through a `Listener` (connection limit) and
-//! serves each connection through a `Handler` (TLS, idle timeout, HTTP/1)
-//! on one of the serving threads (`workers`),
-//! then drains in-flight requests. [`run`] is the two with SIGINT/SIGTERM.
+//! shutdown future, accepts through a `Listener` (connection limit), and
+//! the `Handler` hands each connection to one of the serving threads
+//! (`workers`, `Handler::spawn`), where `Serving::serve` serves it (the TLS
+//! handshake, bounded by the idle timeout, then HTTP/1 into
+//! `Proxy::handle`); then it drains in-flight requests. [`run`] is the two
+//! with SIGINT/SIGTERM.
 
 use crate::admin::Admin;
 use crate::body::full;

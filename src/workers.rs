@@ -4,8 +4,16 @@
 //! least busy thread first. A connection, its requests, and the backend
 //! connections they use (the upstream pool keeps a list a thread,
 //! `upstream::pool`) then stay on one thread: no work stealing, and no
-//! other thread woken per request. With one runtime for all cores, the
-//! cost per request grew with the cores (BENCHMARKS.md, "Cores").
+//! other serving thread woken per request. With one runtime for all cores,
+//! the cost per request grew with the cores (BENCHMARKS.md, "Cores").
+//!
+//! What blocks is handed to the blocking threads of the same runtime (each
+//! serving thread's runtime has a pool of its own): a raise's fsync of
+//! `fences.redb`, and on the embedded store a blob's writes and fsync and
+//! a read of more than 16 KiB; a change to the store's index wakes its
+//! commit thread (`store::commit`). So on the embedded store every PUT
+//! wakes other threads; in front of a remote store a request that raises
+//! no fence wakes none.
 //!
 //! What the requests share (the gate, the store, the metrics) is shared as
 //! before; a log line goes to the thread's own buffer (`log_buffer`). The

@@ -19,8 +19,9 @@
 //!   next looked at; the list never keeps more than `MAX_KEPT`.
 //! - Each serving thread (`workers`) has a list of its own: a connection
 //!   is driven by a task on the thread that opened it, and only that
-//!   thread sends on it again, so no request wakes another thread. The
-//!   other threads (the main runtime's) share list 0.
+//!   thread sends on it again, so a request's exchange with the backend
+//!   wakes no other thread. The other threads (the main runtime's) share
+//!   list 0.
 
 use crate::per_thread::PerThread;
 use crate::s3::error::S3Error;
