@@ -5,8 +5,9 @@
 #       -v $PWD/my-fencegate.toml:/etc/fencegate/fencegate.toml:ro fencegate
 #
 # The image's default config (deploy/fencegate.container.toml) listens on
-# 0.0.0.0 and therefore has no demo credential: mount your own config with
-# real [[credentials]] (fencegate refuses to start otherwise).
+# 0.0.0.0 and names no credentials, so the built-in public demo credential
+# applies, which fencegate refuses on a non-loopback listener: mount your
+# own config with real [[credentials]] (fencegate refuses to start otherwise).
 
 FROM rust:1-bookworm AS build
 WORKDIR /src

@@ -4,9 +4,11 @@
 //! which installs the recorder and renders it, imports them too
 //! (`admin::metrics`).
 
-/// Requests by `op` and `outcome` (forwarded, stale, not_issued, missing,
-/// invalid, condition_failed, auth, busy, unavailable, moved,
-/// upstream_error, bad_request, internal; answered for a peer's ping).
+/// Requests by `op` and `outcome`: forwarded, `S3Error::outcome`'s words
+/// (stale, not_issued, missing, invalid, condition_failed, auth, busy,
+/// unavailable, moved, upstream_error, bad_request, internal), in cluster
+/// mode forwarded_to_owner and relayed_to_peer, and answered for a peer's
+/// ping (op `Ping`).
 pub const REQUESTS: &str = "fencegate_requests_total";
 /// Fences raised (a durable write of a higher token).
 pub const RAISES: &str = "fencegate_fence_raises_total";
