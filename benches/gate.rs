@@ -1,6 +1,7 @@
 //! Engine microbenchmarks (BENCHMARKS.md, "Engine"): the fence check on a
 //! hot resource and across 1 M resources, a write's admission beside 1000
-//! writers in flight, and the durable raise (redb, fsync'd).
+//! writers in flight, what verified raises and writes in doubt add to a
+//! write at the fence, and the durable raise (redb, fsync'd).
 //!
 //! Everything runs on a current-thread runtime: one core. The checks use an
 //! in-memory store (they never touch it once a resource is loaded); the
@@ -9,7 +10,10 @@
 //! after the criterion lines.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use fencegate::fence::doubt::Doubts;
 use fencegate::fence::gate::{Gate, Kind};
+use fencegate::fence::issued::{Behind, Issued, Issuers};
+use fencegate::fence::landing::{Landing, Sent, Write};
 use fencegate::fence::table::{FenceRecord, FenceTable, RedbTable, TableError};
 use futures_util::future::BoxFuture;
 use std::hint::black_box;
@@ -132,6 +136,80 @@ fn admission_beside_inflight(c: &mut Criterion) {
     g.finish();
 }
 
+/// A lock that every token would be the holder's of (none is ever asked:
+/// the benchmark writes at the fence).
+struct EveryToken;
+
+impl Issuers for EveryToken {
+    fn lock_of(&self, resource: &str) -> Option<&str> {
+        (resource == "bench/hot").then_some("etcd:bench")
+    }
+    fn check<'a>(&'a self, _: &'a str, _: u64) -> BoxFuture<'a, Result<Issued, String>> {
+        Box::pin(async { Ok(Issued::Holder) })
+    }
+    fn resource_of_lock(&self, _: &str) -> Option<&str> {
+        None
+    }
+    fn behind(&self) -> Vec<Behind> {
+        Vec::new()
+    }
+}
+
+/// What verified raises (`[[eager]] verify`) and writes in doubt add to a
+/// write at the fence, where nothing is raised or in doubt on its resource
+/// (issues #56, #57): each beside the same write without them.
+fn verified_and_in_doubt(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("write at the fence");
+    g.throughput(Throughput::Elements(1));
+    macro_rules! write_at_the_fence {
+        ($gate:expr) => {
+            |b: &mut criterion::Bencher| {
+                b.to_async(&rt).iter(|| async {
+                    let p = $gate
+                        .admit("bench/hot", 7, Kind::Write)
+                        .await
+                        .unwrap()
+                        .permit();
+                    black_box(p.as_ref().map(|p| p.body_complete()));
+                })
+            }
+        };
+    }
+    let plain = memory_gate();
+    rt.block_on(plain.admit("bench/hot", 7, Kind::Read))
+        .unwrap();
+    g.bench_function("plain", write_at_the_fence!(plain));
+    let verified = memory_gate();
+    verified.set_issuers(Arc::new(EveryToken));
+    rt.block_on(verified.admit("bench/hot", 7, Kind::Read))
+        .unwrap();
+    g.bench_function("verified resource", write_at_the_fence!(verified));
+    let dir = tempfile::tempdir().unwrap();
+    let landing = Landing::open(dir.path(), false).unwrap().landing;
+    let doubts = Arc::new(Doubts::new(Some(landing)));
+    let elsewhere = Write {
+        token: Some(3),
+        resource: 1,
+        object: 1,
+        name: None,
+        sent: Sent::Plain,
+        orderable: false,
+        alone: false,
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(3600);
+    rt.block_on(async { doubts.add(&elsewhere, None, until) });
+    let mut in_doubt = memory_gate();
+    in_doubt.set_doubts(doubts);
+    rt.block_on(in_doubt.admit("bench/hot", 7, Kind::Read))
+        .unwrap();
+    g.bench_function(
+        "a write in doubt on another resource",
+        write_at_the_fence!(in_doubt),
+    );
+    g.finish();
+}
+
 fn durable_raise(c: &mut Criterion) {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
@@ -172,5 +250,11 @@ fn durable_raise(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, checks, admission_beside_inflight, durable_raise);
+criterion_group!(
+    benches,
+    checks,
+    admission_beside_inflight,
+    verified_and_in_doubt,
+    durable_raise
+);
 criterion_main!(benches);

@@ -103,6 +103,9 @@
 //! - [`fence::doubt`]: writes in doubt (whole at the backend, their answer
 //!   lost or their sender dead), what they hold back and what the backend
 //!   settles; its tests in `doubt/tests.rs`.
+//! - [`fence::issued`]: verified raises, what the gate asks a resource's
+//!   lock before a token raises its fence (`gate/verified.rs` asks it,
+//!   `locks::issued` answers).
 //! - [`fence::hold`]: the object hold, where a conditional write's check and
 //!   write become one step (CONTRACT §8); in cluster mode its keys are in
 //!   etcd (`cluster/holds.rs`).
@@ -213,7 +216,8 @@
 //!   back off, log); `helper.rs` is `fencegate lock`; `endpoint.rs` its
 //!   `--credentials-endpoint` (credentials served as the AWS container
 //!   credentials, renewed while the lock is held); `eager.rs` raises a
-//!   fence when its lock's holder goes.
+//!   fence when its lock's holder goes; `issued.rs` says whether a token
+//!   that would raise a verified resource's fence is its lock holder's.
 //! - [`workers`] (→ per_thread): the serving threads, one a core by
 //!   default, each a single-threaded runtime serving the connections
 //!   `server` hands it, with its own list in the upstream pool.

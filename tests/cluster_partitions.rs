@@ -5,8 +5,11 @@
 //! - a replica killed and started again on its data directory ends its
 //!   old incarnation's keys: a resource it left quiet is served at once
 //!   (here a lease of 10 s outlives the admission wait of 3 s, so without
-//!   that the write waits for the old lease and gets 503); one it had just
-//!   written keeps its owner key and its quarantine;
+//!   that the write waits for the old lease and gets 503), and so is one
+//!   it had just written but had no write in flight on (its marker is
+//!   still there; the landing record says nothing may land); one with a
+//!   write whose whole body the backend had at the kill keeps its owner
+//!   key and its quarantine, and the write still lands;
 //! - an owner cut off from etcd answers a forward `Moved`, and its
 //!   forwarder does not send there again at that epoch: the write is sent
 //!   once, waits for the owner's lease to end, and is admitted by the next
@@ -77,13 +80,24 @@ async fn a_replica_restarted_on_its_data_directory_ends_its_old_incarnation() {
     let fence = "admission_wait_ms = 3000\nquarantine_ms = 600000\n";
     let mut a = replica_with(&backend, &etcd.endpoints_toml(), fence, 10_000);
     let b = replica_with(&backend, &etcd.endpoints_toml(), fence, 10_000);
-    let ca = RawClient::new(&a.endpoint());
+    let ca = std::sync::Arc::new(RawClient::new(&a.endpoint()));
     let cb = RawClient::new(&b.endpoint());
     assert_eq!(ca.send(put("quiet", 3)).await.unwrap().status, 200);
     wait_etcd_op(&a, "unmark").await;
-    // Written again just before the kill: its marker is back.
+    // Written again just before the kill: its marker is back, though
+    // nothing of it is in flight any more.
     assert_eq!(ca.send(put("busy", 3)).await.unwrap().status, 200);
+    // And one whose whole body the backend has, applied later, whether or
+    // not A is still there.
+    be.stall_after_body(7);
+    be.finish_stalled_writes_of_departed_clients();
+    let landing = {
+        let ca = ca.clone();
+        tokio::spawn(async move { ca.send(put("landing", 7)).await })
+    };
+    be.wait_body_complete(7).await;
     a.kill9_and_restart();
+    drop(landing);
     wait_ready(&a, 200);
 
     let r = cb.send(put("quiet", 4)).await.unwrap();
@@ -95,12 +109,27 @@ async fn a_replica_restarted_on_its_data_directory_ends_its_old_incarnation() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(be.object("demo", "quiet").as_deref(), Some(&b"v5"[..]));
 
+    // The marker without a write that may still land (the landing record
+    // of A's data directory says so): let go at once too.
     let r = cb.send(put("busy", 4)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The write that may still land keeps its resource: B waits (here
+    // past its admission wait: 503), and the owner key stays.
+    let r = cb.send(put("landing", 8)).await.unwrap();
     assert_eq!(r.status, 503, "{}", r.body);
     let owners = etcd.etcdctl(&["get", "--prefix", "--keys-only", "t/owners/"]);
     let owners = String::from_utf8_lossy(&owners.stdout);
-    assert!(owners.contains("busy"), "{owners}");
-    assert_eq!(be.object("demo", "busy").as_deref(), Some(&b"v3"[..]));
+    assert!(owners.contains("landing"), "{owners}");
+    be.release(7);
+    be.wait_for("7 applied", |ev| {
+        ev.iter().any(
+            |e| matches!(e, common::backend::Event::Responded { key, .. } if key == "demo/landing"),
+        )
+    })
+    .await;
+    assert_eq!(be.object("demo", "landing").as_deref(), Some(&b"v7"[..]));
+    let r = cb.send(put("landing", 8)).await.unwrap();
+    assert_eq!(r.status, 503, "until the quarantine: {}", r.body);
 }
 
 /// Replica A reaching etcd through relays the test freezes, replica B
