@@ -1,9 +1,15 @@
 //! A writer with valid S3 credentials and made-up tokens (issue #57):
 //! beside the lock holders, it writes to the fenced arm's resources with
-//! tokens their locks never gave their holders: 2^64-1, one above etcd's
-//! revision, and the token another lock's holder has (from the history).
-//! With `[[eager]] verify = true` on those resources, none may be
+//! tokens their locks never gave their holders: 2^64-1, a million above
+//! etcd's revision, and the token another lock's holder has (from the
+//! history). With `[[eager]] verify = true` on those resources, none may be
 //! acknowledged, and no fence may rise above what etcd ever issued.
+//!
+//! A token is a number: two etcd locks' holders can have the same one (a
+//! lock's token is the revision at which its Lock call returned, and two
+//! calls can return at the same revision). A forged write acknowledged with
+//! a token this resource's own holder had is its holder's token as far as
+//! any fence can tell, and is not counted ([`Forged::made_up`]).
 
 use super::history::History;
 use super::workload::Resource;
@@ -17,10 +23,23 @@ use tokio::sync::watch;
 #[derive(Default, Debug)]
 pub struct Forged {
     pub sent: u64,
-    /// Answered 2xx: a made-up token that went through.
-    pub acknowledged: Vec<String>,
+    /// Answered 2xx: (resource, key, token).
+    pub acknowledged: Vec<(String, String, u64)>,
     /// By status.
     pub answers: std::collections::BTreeMap<u16, u64>,
+}
+
+impl Forged {
+    /// The acknowledged writes whose token no holder of their resource
+    /// ever had, by the end of the run: made up, and let through.
+    pub fn made_up(&self, hist: &History) -> Vec<String> {
+        let ops = hist.ops();
+        self.acknowledged
+            .iter()
+            .filter(|(r, _, t)| !ops.iter().any(|o| &o.resource == r && o.token == *t))
+            .map(|(r, k, t)| format!("{k} ({r}) with token {t}"))
+            .collect()
+    }
 }
 
 /// Sends a made-up-token PUT every 50-150 ms until `stop`.
@@ -50,21 +69,17 @@ pub async fn forge(
             0 => u64::MAX,
             1 => match client.as_mut() {
                 Some(c) => match c.get("torture-forger", None).await {
-                    Ok(r) => r.header().map_or(1, |h| h.revision() as u64) + 1,
+                    Ok(r) => r.header().map_or(1, |h| h.revision() as u64) + 1_000_000,
                     Err(_) => continue,
                 },
                 None => continue,
             },
             _ => {
-                // The last token of another resource's holder (never one
-                // of this resource's own, which two locks' revisions could
-                // share).
+                // The last token of another resource's holder.
                 let ops = hist.ops();
-                let own = |t: u64| ops.iter().any(|o| o.resource == res.name && o.token == t);
-                let other = ops.iter().rev().find(|o| o.resource != res.name);
-                match other {
-                    Some(o) if !own(o.token) => o.token,
-                    _ => continue,
+                match ops.iter().rev().find(|o| o.resource != res.name) {
+                    Some(o) => o.token,
+                    None => continue,
                 }
             }
         };
@@ -87,7 +102,8 @@ pub async fn forge(
         };
         *done.answers.entry(status).or_default() += 1;
         if sent.is_ok() {
-            done.acknowledged.push(format!("{key} with token {token}"));
+            done.acknowledged
+                .push((res.name.clone(), key.clone(), token));
         }
     }
 }
