@@ -58,12 +58,16 @@ pub(super) fn touch(op: Op, object: &str, read: bool, etag_is_md5: bool) -> Touc
     }
 }
 
-/// How often the object of an orderable write in doubt is looked at.
+/// How often the object of an orderable write in doubt is looked at: soon
+/// after the first look (a store that applies what it has promptly is
+/// settled within tens of milliseconds), then every half second.
+const PROBE_FIRST: std::time::Duration = std::time::Duration::from_millis(25);
 const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Proxy {
-    /// Looks at the object of each orderable write in doubt (a HEAD, at
-    /// once and then every [`PROBE_EVERY`]) until it is no longer what the
+    /// Looks at the object of each orderable write in doubt (a HEAD at
+    /// once, then after [`PROBE_FIRST`], doubling up to [`PROBE_EVERY`])
+    /// until it is no longer what the
     /// write's condition wants, which settles the doubt
     /// (`fence::doubt`), or until the doubt's quarantine is over. For as
     /// long as the proxy lives.
@@ -84,6 +88,7 @@ impl Proxy {
         let Some((bucket, key)) = p.object.split_once('/') else {
             return;
         };
+        let mut pause = PROBE_FIRST;
         while tokio::time::Instant::now() < p.until {
             match self.current(bucket, key, &HeaderMap::new()).await {
                 Ok(current) => {
@@ -100,7 +105,8 @@ impl Proxy {
                 }
                 Err(e) => tracing::debug!(object = &*p.object, "looking at a write in doubt: {e}"),
             }
-            tokio::time::sleep(PROBE_EVERY).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(PROBE_EVERY);
         }
     }
 
