@@ -160,6 +160,8 @@ struct Claim<'a> {
     region: &'a str,
     service: &'a str,
     signed_headers: Vec<&'a str>,
+    /// The same, `;`-separated, as signed.
+    signed_list: &'a str,
     signature: &'a str,
     /// The request's timestamp (`x-amz-date` or `X-Amz-Date`).
     amz_date: &'a str,
@@ -249,7 +251,7 @@ pub fn verify(
         payload,
         signing,
         presigned,
-        signed_headers: claim.signed_headers.join(";"),
+        signed_headers: claim.signed_list.to_string(),
         session,
     })
 }
@@ -348,6 +350,7 @@ fn parse_auth_header<'a>(value: &'a str, amz_date: &'a str) -> Result<Claim<'a>,
         region,
         service,
         signed_headers: signed.split(';').collect(),
+        signed_list: signed,
         signature,
         amz_date,
     })
@@ -388,13 +391,15 @@ fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>,
     if now > when + Duration::from_secs(expires) {
         return Err(S3Error::ExpiredRequest);
     }
+    let signed = q("X-Amz-SignedHeaders")?;
     Ok(Claim {
         access_key,
         scope,
         date,
         region,
         service,
-        signed_headers: q("X-Amz-SignedHeaders")?.split(';').collect(),
+        signed_headers: signed.split(';').collect(),
+        signed_list: signed,
         signature: q("X-Amz-Signature")?,
         amz_date,
     })

@@ -7,8 +7,8 @@
 use super::error::S3Error;
 use super::query::{Param, percent_decode};
 use hmac::{Hmac, KeyInit, Mac};
-use http::HeaderMap;
 use http::header::AsHeaderName;
+use http::{HeaderMap, HeaderValue};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -349,10 +349,15 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     let skip = presigned.then_some("X-Amz-Signature");
     push_canonical_query(&mut canonical, head.query, skip);
     canonical.push('\n');
+    // The request's few headers, listed once: a signed one is found by a
+    // scan of names (mostly of other lengths), not parsed and hashed.
+    let listed: Vec<(&str, &HeaderValue)> = (head.headers.iter())
+        .map(|(n, v)| (n.as_str(), v))
+        .collect();
     for &name in signed_headers {
         canonical.push_str(name.as_ref());
         canonical.push(':');
-        push_canonical_header_value(&mut canonical, head.headers, name)?;
+        push_canonical_header_value(&mut canonical, &listed, head.headers, name)?;
         canonical.push('\n');
     }
     canonical.push('\n');
@@ -369,13 +374,26 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
 
 /// Appends a signed header's canonical value: every value of the header,
 /// white space runs folded to one space and trimmed, joined with `,`.
+/// `listed` are the headers in the map's order (a name's values in the
+/// order they came); a name not found there as written (upper case) is
+/// looked up as the map looks names up.
 fn push_canonical_header_value<N: AsHeaderName + AsRef<str> + Copy>(
     out: &mut String,
+    listed: &[(&str, &HeaderValue)],
     headers: &HeaderMap,
     name: N,
 ) -> Result<(), S3Error> {
-    let mut values = headers.get_all(name).iter().peekable();
-    let name = name.as_ref();
+    let wanted = name.as_ref();
+    let mut values = (listed.iter())
+        .filter(|&&(n, _)| n == wanted)
+        .map(|&(_, v)| v)
+        .peekable();
+    let mut other = None;
+    if values.peek().is_none() {
+        other = Some(headers.get_all(name).iter());
+    }
+    let mut values = values.chain(other.into_iter().flatten()).peekable();
+    let name = wanted;
     if values.peek().is_none() {
         return Err(S3Error::AuthorizationHeaderMalformed(format!(
             "signed header {name} is missing"
