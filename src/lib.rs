@@ -14,12 +14,15 @@
 //!
 //! Each word below means one thing in the code and the docs:
 //!
-//! - **token**: the fencing token, a number from a lock service. Two
+//! - **token**: the fencing token, a number from a lock service. Three
 //!   other things are called tokens where AWS or the configuration name
 //!   them: the *session token* (`x-amz-security-token`, of a session
-//!   credential, [`s3::session`]) and the admin API's *bearer*
-//!   (`server.admin_token`, `Config::admin_bearer`). Neither is ever
-//!   "the token".
+//!   credential, [`s3::session`]), the credentials endpoint's
+//!   *authorization token* (`AWS_CONTAINER_AUTHORIZATION_TOKEN`,
+//!   [`locks::endpoint`]) and the admin API's *bearer*, the **admin
+//!   bearer** (`server.admin_token`, `--admin-token`,
+//!   `Config::admin_bearer`). None is ever "the token", and help texts say
+//!   "admin bearer".
 //! - **fence**: a resource's highest accepted token; **raise**: making a
 //!   higher one durable; **admit**: the gate letting a request through
 //!   (check, raise, ordering barrier, [`fence::gate`]).
@@ -31,8 +34,15 @@
 //!   and a database's own transaction commit. The **body gate**
 //!   ([`fence::body_gate`]) is what lets a write's last frame go.
 //! - **hold**: an object's hold, where a conditional write's check and
-//!   write are one step ([`fence::hold`]); **permit**: a write's place in
-//!   the ordering barrier, kept until its answer is complete.
+//!   write are one step ([`fence::hold`], `ObjectHold`); its `Holder` says
+//!   whose it is (`Holder::ThisOwner`, `Holder::AnyReplica`). Nothing
+//!   else is a hold. **permit**: a write's place in the ordering barrier.
+//!   **keep**: what a write's exchange keeps until its answer is complete,
+//!   its permits, object hold and landing slots (`proxy/forward.rs`:
+//!   `Keep`, and `KeptBody`, the answer that carries them). A lock is
+//!   *taken* (`locks::TakenLock`, `fencegate lock`'s) and its **holder**
+//!   is whoever has it (the lock services' word; `issued::Holding`, what
+//!   is known of the holder's token).
 //! - **route**: phase 6, where a request is served (`proxy/route.rs`);
 //!   **forward**: phase 9, the exchange with the backend
 //!   (`proxy/forward.rs`); **to the owner**: a request sent to the
@@ -40,7 +50,10 @@
 //!   request sent to a peer by a replica cut off from etcd.
 //! - **owner**, **tenure**, **epoch**: the replica admitting a resource's
 //!   writes, its time as owner, and the number etcd gave that time
-//!   (`Cluster::tenure_stands`). **Moved**: an owner's answer to a request
+//!   (`Cluster::tenure_stands`; the gate's `OwnerTenure` is this
+//!   replica's cluster and tenure). **At the owner**: served by another
+//!   replica that owns the resource (`Admission::AtOwner`,
+//!   `Route::AtOwner`). **Moved**: an owner's answer to a request
 //!   forwarded at an epoch that is not its own any more (nothing done);
 //!   `Refusal::TenureLost` is the gate finding its own tenure over.
 //! - **peer**: another replica. `proxy/peers.rs` holds the connections to
@@ -57,6 +70,28 @@
 //!   or streamed), the index file's is `DbFile::database`.
 //! - **transport**: how `upstream::client` reaches the backend (over the
 //!   wire, or in-process to the embedded store); not a route.
+//! - **effect**: what an operation does to what: reads or writes the
+//!   service, a bucket or objects (`s3::op::Effect`, which CONTRACT §2's
+//!   fenced writes are read from).
+//! - **access**: how fencegate reaches a lock service: TLS, client
+//!   certificate, user and password (the `*_access` tables,
+//!   `config::access::AccessConfig`, applied by [`access`]). An *access
+//!   key* is an S3 credential's id, and the *access log* a request's one
+//!   line; the embedded store's own check of its callers is
+//!   `SignedOrTrusted` (`upstream/embedded.rs`).
+//! - **key file**: a file with a TLS private key (a lock service's client
+//!   key, `AccessConfig::tls_key_file`; the S3 listener's is
+//!   `server.tls_key`) or with a session key
+//!   (`SessionsConfig::session_key_file`); both tables spell it `key_file`.
+//! - **secret**: a configured secret string, never printed
+//!   (`config::Secret`: the admin bearer, the backend's secret key); a
+//!   lock service's password is a `Password`.
+//! - **issue**: to give out. A lock issues tokens to its holders; verified
+//!   raises ask the locks of verified resources (`fence::issued::Issuers`)
+//!   `Whose` a token is. The admin API issues session credentials
+//!   (`SessionIssuer`, each a `SessionCredential`), which `fencegate
+//!   credentials` and `fencegate lock` read as a `CredentialsReply`;
+//!   `--credentials-endpoint` gets them from its `CredsSource`.
 //!
 //! # Modules
 //!

@@ -253,7 +253,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         backend_addr,
         probe,
         store,
-        sessions: sessions.map(|keys| crate::s3::session::Issuer {
+        sessions: sessions.map(|keys| crate::s3::session::SessionIssuer {
             keys,
             max_ttl_secs: cfg.sessions.max_ttl_secs,
             default_ttl_secs: cfg.sessions.default_ttl_secs,

@@ -245,7 +245,10 @@ async fn short_run() {
         forged.acknowledged.len()
     );
     let made_up = forged.made_up(&arms[0].hist);
-    assert!(made_up.is_empty(), "made-up tokens went through: {made_up:?}");
+    assert!(
+        made_up.is_empty(),
+        "made-up tokens went through: {made_up:?}"
+    );
     // Nor did one raise a fence past what etcd ever issued.
     let admin = fg.lock().unwrap().admin;
     let (_, listed) = common::http_call(

@@ -11,7 +11,7 @@ use crate::fence::hold::object_name;
 use crate::fence::resource::Fencing;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
-use crate::s3::op::{Access, Operation};
+use crate::s3::op::{Effect, Operation};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,12 +51,12 @@ impl Proxy {
         // The backend refuses a conditioned write once overtaken only on
         // its own object: on a resource of several objects it is a write
         // like any other.
-        let kind = match op.access() {
-            Access::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
+        let kind = match op.effect() {
+            Effect::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
                 Kind::Conditioned
             }
-            Access::ObjectWrite => Kind::Write,
-            Access::ObjectRead => Kind::Read,
+            Effect::ObjectWrite => Kind::Write,
+            Effect::ObjectRead => Kind::Read,
             _ => return Ok(none),
         };
         ctx.resource = Some(resource.clone());
@@ -88,12 +88,12 @@ impl Proxy {
         // Forwarded, and its tenure lapsed meanwhile (also while a raise
         // waited for etcd and failed): `Moved`, nothing done, for the
         // forwarder to route again.
-        if !matches!(admitted, Ok((Admission::Owner(..), _))) {
+        if !matches!(admitted, Ok((Admission::AtOwner(..), _))) {
             self.check_forwarded(ctx, &resource)?;
         }
         let (permit, hold, owner) = match admitted {
             Ok((Admission::Here(permit), hold)) => (permit, hold, None),
-            Ok((Admission::Owner(owner, epoch), _)) => (None, None, Some((owner, epoch))),
+            Ok((Admission::AtOwner(owner, epoch), _)) => (None, None, Some((owner, epoch))),
             Err(r) => return Err(S3Error::from_refusal(r, &resource)),
         };
         Ok(Fenced {

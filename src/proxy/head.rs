@@ -7,7 +7,7 @@ use super::{Proxy, RequestCtx};
 use crate::s3::auth::{self, Verified};
 use crate::s3::error::S3Error;
 use crate::s3::names;
-use crate::s3::op::{self, Access, Operation};
+use crate::s3::op::{self, Effect, Operation};
 use crate::s3::query::{self, Param};
 use http::request::Parts;
 use std::time::SystemTime;
@@ -121,7 +121,7 @@ impl Proxy {
                 src.bucket
             )));
         }
-        if op.access() == Access::BucketWrite && !v.credential.bucket_admin {
+        if op.effect() == Effect::BucketWrite && !v.credential.bucket_admin {
             return Err(S3Error::AccessDenied(format!(
                 "access key {key_id} may not administer bucket {bucket}"
             )));

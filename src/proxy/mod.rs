@@ -388,7 +388,7 @@ impl Proxy {
         let route = self.route(ctx, &head, incoming, &op, conditions.is_none());
         let (fenced, incoming) = match route.await? {
             Route::Here(fenced, incoming) => (fenced, incoming),
-            Route::Owner(answer) => return Ok(answer),
+            Route::AtOwner(answer) => return Ok(answer),
         };
         let holder = self.holder(fenced.resource.is_some());
         let hold = match (fenced.hold.clone(), &conditions) {

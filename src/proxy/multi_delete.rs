@@ -35,7 +35,7 @@ const HEADS_AT_ONCE: usize = 8;
 
 /// What fencing a DeleteObjects established.
 pub(super) struct MultiDelete {
-    /// Held until the backend answered.
+    /// Kept until the backend answered.
     pub permits: Vec<Permit>,
     pub hold: ObjectHold,
     /// Keys left out because their conditions did not hold.
@@ -55,7 +55,7 @@ enum AdmittedAll {
     Here(Vec<Permit>),
     /// The first resource is owned by another replica (its name), at
     /// this epoch.
-    Owner(String, i64),
+    AtOwner(String, i64),
 }
 
 impl Proxy {
@@ -100,7 +100,7 @@ impl Proxy {
                 ctx.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
                 match self.admit_all(&resources, t).await? {
                     AdmittedAll::Here(permits) => permits,
-                    AdmittedAll::Owner(owner, epoch) => {
+                    AdmittedAll::AtOwner(owner, epoch) => {
                         return Ok(MultiDelete {
                             permits: Vec::new(),
                             hold: ObjectHold::none(),
@@ -125,13 +125,13 @@ impl Proxy {
                 None => Mode::Shared,
             };
             match self.holder(resource.is_some()) {
-                Holder::Owner => here.push((object_name(bucket, &o.key), mode)),
+                Holder::ThisOwner => here.push((object_name(bucket, &o.key), mode)),
                 Holder::AnyReplica => shared.push((object_name(bucket, &o.key), mode)),
             }
         }
         let holds = self.gate.holds();
         let mut hold = holds
-            .hold(here, Holder::Owner)
+            .hold(here, Holder::ThisOwner)
             .await
             .map_err(S3Error::from_hold)?;
         hold.merge(
@@ -222,10 +222,10 @@ impl Proxy {
                 Ok(Admission::Here(p)) => permits.extend(p),
                 // With owners: the whole request goes to the owner of the
                 // first resource, which admits the others or refuses.
-                Ok(Admission::Owner(owner, epoch)) if permits.is_empty() => {
-                    return Ok(AdmittedAll::Owner(owner, epoch));
+                Ok(Admission::AtOwner(owner, epoch)) if permits.is_empty() => {
+                    return Ok(AdmittedAll::AtOwner(owner, epoch));
                 }
-                Ok(Admission::Owner(owner, _)) => {
+                Ok(Admission::AtOwner(owner, _)) => {
                     return Err(S3Error::SlowDown(format!(
                         "{r} is owned by replica {owner}, and other keys' resources by this one: \
                          send the keys of each resource in a request of its own"

@@ -4,7 +4,7 @@
 //! (`copy.rs`), CreateBucket's location as the backend's region
 //! (`small_body.rs`), and DeleteObjects' keys fenced and held one by one
 //! (`multi_delete.rs`), which may send it to their owner or answer it here.
-//! What the exchange then holds (its permits and object holds) leaves here
+//! What the exchange then keeps (its permits and object holds) leaves here
 //! as one [`Exchange`].
 
 use super::{Admitted, Proxy, RequestCtx, multi_delete};
@@ -21,7 +21,7 @@ use http::Response;
 use http::request::Parts;
 use std::sync::Arc;
 
-/// What a request holds while its exchange runs, and DeleteObjects' keys
+/// What a request keeps while its exchange runs, and DeleteObjects' keys
 /// refused here (merged into the backend's answer).
 pub(super) struct Exchange {
     pub permits: Vec<Arc<Permit>>,
@@ -51,7 +51,7 @@ impl Exchange {
 
 /// The outcome of the second part of phase 8.
 pub(super) enum Prepared {
-    /// To the backend, holding this.
+    /// To the backend, keeping this.
     Forward(Exchange),
     /// Answered without the backend here: by the keys' owner, or every
     /// key refused.

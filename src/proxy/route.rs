@@ -47,7 +47,7 @@ pub(super) enum Route {
     /// Here: admitted (or not fenced), the client's body still to send.
     Here(Fenced, RequestBody),
     /// By the resource's owner, another replica, which answered.
-    Owner(Response<ProxyBody>),
+    AtOwner(Response<ProxyBody>),
 }
 
 /// The most times one client request is sent to owners; past it the
@@ -100,7 +100,7 @@ impl Proxy {
                 };
                 return Box::pin(self.relay(ctx, head, body, peer, e))
                     .await
-                    .map(Route::Owner);
+                    .map(Route::AtOwner);
             }
         };
         if fenced.owner.is_none() {
@@ -134,7 +134,7 @@ impl Proxy {
                         .to_owner(ctx, head, body, owner.clone(), deadline)
                         .await?
                     {
-                        Sent::Answered(resp) => return Ok(Route::Owner(resp)),
+                        Sent::Answered(resp) => return Ok(Route::AtOwner(resp)),
                         Sent::Unreached(b) => body = b,
                         Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
                     }

@@ -294,7 +294,7 @@ impl Proxy {
     /// is this replica (it got this far), so the hold is the owner's.
     pub(super) fn holder(&self, fenced: bool) -> Holder {
         match matches!(self.gate.mode(), Mode::Owners(_)) && fenced {
-            true => Holder::Owner,
+            true => Holder::ThisOwner,
             false => Holder::AnyReplica,
         }
     }
