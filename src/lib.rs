@@ -4,9 +4,11 @@
 //!
 //! # Layout
 //!
-//! A request comes in through [`server`], is handled by [`proxy`] (which
-//! reads it with [`s3`], fences it with [`fence`] and forwards it with
-//! [`upstream`]), and its answer goes back the same way. Arrows say which
+//! A request comes in through [`server`] (which accepts its connection),
+//! [`workers`] (which gives it a serving thread) and [`connection`] (which
+//! serves it there), is handled by [`proxy`] (which reads it with [`s3`],
+//! fences it with [`fence`] and forwards it with [`upstream`]), and its
+//! answer goes back the same way. Arrows say which
 //! way a module depends; `scripts/module-graph` checks that none goes round
 //! in a circle.
 //!
@@ -256,9 +258,11 @@
 //! - [`workers`] (→ per_thread): the serving threads, one a core by
 //!   default, each a single-threaded runtime serving the connections
 //!   `server` hands it, with its own list in the upstream pool.
+//! - [`connection`] (→ proxy, workers, metric_names): one S3 connection on
+//!   its serving thread: TLS, then HTTP/1 into `Proxy::handle`.
 //! - [`server`] (→ everything above): start-up (fence table, gate, backend,
-//!   services) apart from serving (listener, connection limit, handler,
-//!   graceful shutdown).
+//!   services) apart from serving (listener, connection limit, the handler
+//!   that gives each connection its serving thread, graceful shutdown).
 //! - [`cli`] (→ config, bench): flags and config overrides; `main.rs` is
 //!   thin: CLI, config, logging, run.
 //! - [`bench`](mod@bench) (→ s3, config, store, upstream, tls): `fencegate
@@ -290,6 +294,7 @@ pub mod bench;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod fence;
 pub mod locks;
 pub mod log_buffer;
