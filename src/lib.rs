@@ -219,18 +219,22 @@
 //! A request's life (→ fence, s3, upstream, access_log, body, config,
 //! metric_names, tls):
 //!
-//! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
-//!   exit, one log event, a file a phase (the table in `proxy/mod.rs`):
-//!   `head.rs` (size, signature, operation, permission), `token.rs`,
-//!   `route.rs` (here, at the owner, or at a peer), `admit_here.rs` (the
-//!   admission here), `conditional.rs` (the object's hold and a write's
-//!   conditions, and `fence.conditional_writes`), `outgoing.rs` (the
-//!   upstream request) with `per_op.rs` (what one operation adds, in one
-//!   `match`), `forward.rs` (the exchange, keeping the permits and object
-//!   hold until the answer is complete), `respond.rs`. Beside them:
-//!   `in_doubt.rs` gives a write its slot in the landing record and looks
-//!   at the objects of writes in doubt; `etags.rs` keeps the ETag
-//!   fencegate's conditioned writes left each object;
+//! - [`proxy`]: the phases of a request, each a function from what the
+//!   phases before it established to what it establishes, one error exit,
+//!   one log event (what `RequestCtx` collects), a file a phase (the table
+//!   in `proxy/mod.rs`): `head.rs` (size, signature, operation,
+//!   permission), `token.rs`, `route.rs` (here, at the owner, or at a
+//!   peer), `admit_here.rs` (the admission here, and what it does to the
+//!   writes in doubt), `conditional.rs` (the object's hold and a write's
+//!   conditions, and the condition `fence.conditional_writes` sends),
+//!   `in_doubt.rs` (the write's slot in the landing record, and the looks
+//!   at the objects of writes in doubt), `outgoing.rs` (the upstream
+//!   request and its body pipeline) with `per_op.rs` (what one operation
+//!   adds, in one `match`), `forward.rs` (the exchange, keeping the
+//!   permits and object hold until the answer is complete), `respond.rs`
+//!   (the answer, and what fencegate learns from it). Beside them:
+//!   `etags.rs` keeps the ETag fencegate's conditioned writes left each
+//!   object;
 //!   `to_owner.rs` sends a request to the replica owning its resource, or
 //!   relays it to a peer; `peers.rs` keeps the other replicas'
 //!   connections and the pings that end forwards to one that stopped

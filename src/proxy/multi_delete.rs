@@ -11,7 +11,7 @@
 //! `<Error>` with its code, beside what the backend answered for the rest.
 
 use super::small_body::{Checksum, read_body, read_small_body, send_body};
-use super::{Proxy, RequestCtx};
+use super::{Admitted, Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
 use crate::fence::gate::{Admission, Kind, Permit, Refusal};
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
@@ -20,8 +20,6 @@ use crate::fence::resource::Fencing;
 use crate::s3::conditions::{Conditions, Failed};
 use crate::s3::error::{S3Error, xml_escape};
 use crate::s3::multi_delete::{Delete, MAX_BODY};
-use crate::s3::op::Operation;
-use crate::s3::session::Session;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -45,9 +43,19 @@ pub(super) struct MultiDelete {
     /// The slots of the keys sent, in the landing record (a remote
     /// backend): whole, since the body goes whole.
     pub records: Vec<Arc<Record>>,
-    /// Cluster mode with owners: the replica (and its epoch) that owns
-    /// the keys' resources, and the body read; the request goes there.
-    pub elsewhere: Option<((String, i64), Bytes)>,
+    /// Cluster mode with owners: the request goes to the replica that
+    /// owns the keys' resources.
+    pub elsewhere: Option<Elsewhere>,
+}
+
+/// A DeleteObjects whose keys' resources another replica owns.
+pub(super) struct Elsewhere {
+    /// The owner, and its epoch.
+    pub owner: (String, i64),
+    /// The resources, as the log line names them.
+    pub resources: String,
+    /// The body read.
+    pub body: Bytes,
 }
 
 /// What [`Proxy::admit_all`] got.
@@ -64,12 +72,12 @@ impl Proxy {
     /// the keys whose conditions held in its place.
     pub(super) async fn fence_multi_delete(
         &self,
-        op: &Operation,
-        token: Option<u64>,
-        session: Option<&Session>,
+        admitted: &Admitted<'_>,
         out: &mut Outgoing,
         ctx: &mut RequestCtx,
     ) -> Result<MultiDelete, S3Error> {
+        let (op, token) = (&admitted.op, admitted.fenced.token);
+        let session = admitted.verified.session.as_deref();
         let bucket = op.bucket.as_deref().unwrap_or_default();
         let body = read_body(out, MAX_BODY, "DeleteObjects").await?;
         let mut delete = Delete::parse(&body)?;
@@ -97,7 +105,8 @@ impl Proxy {
             None => Vec::new(),
             Some(first) => {
                 let t = token.ok_or_else(|| S3Error::MissingFencingToken(first.clone()))?;
-                ctx.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
+                let named = format!("{first} (+{} more)", resources.len() - 1);
+                ctx.resource = Some(named.clone());
                 match self.admit_all(&resources, t).await? {
                     AdmittedAll::Here(permits) => permits,
                     AdmittedAll::AtOwner(owner, epoch) => {
@@ -107,19 +116,78 @@ impl Proxy {
                             refused: Vec::new(),
                             nothing_left: false,
                             records: Vec::new(),
-                            elsewhere: Some(((owner, epoch), body)),
+                            elsewhere: Some(Elsewhere {
+                                owner: (owner, epoch),
+                                resources: named,
+                                body,
+                            }),
                         });
                     }
                 }
             }
         };
         if let Some(first) = resources.iter().next() {
-            self.check_forwarded(ctx, first)?;
+            self.check_forwarded(admitted.via, first)?;
         }
-        // With owners, the holds of fenced keys are this replica's (it owns
-        // their resources now); the others are in etcd. Always in this order.
+        let hold = self.hold_keys(bucket, &delete, &fencing).await?;
+        let refused = self.judge_keys(bucket, &delete, &out.headers).await?;
+        delete
+            .objects
+            .retain(|o| !refused.iter().any(|(k, _)| *k == o.key));
+        // The body was read whole: in cluster mode, the lease is asked now.
+        if !hold.body_complete() {
+            return Err(S3Error::lease_lapsed("one of the keys"));
+        }
+        let nothing_left = delete.objects.is_empty();
+        let records = match nothing_left {
+            true => Vec::new(),
+            false => self.send_keys(bucket, &delete, token, out)?,
+        };
+        Ok(MultiDelete {
+            permits,
+            hold,
+            refused,
+            nothing_left,
+            records,
+            elsewhere: None,
+        })
+    }
+
+    /// The keys left in `delete`, each given its slot in the landing
+    /// record, then sent as the body of `out`.
+    fn send_keys(
+        &self,
+        bucket: &str,
+        delete: &Delete,
+        token: Option<u64>,
+        out: &mut Outgoing,
+    ) -> Result<Vec<Arc<Record>>, S3Error> {
+        let keys: Vec<(&str, Option<String>)> = delete
+            .objects
+            .iter()
+            .map(|o| match self.resolver.resolve(bucket, &o.key) {
+                Fencing::Fenced(r) => (o.key.as_str(), Some(r)),
+                Fencing::Unfenced => (o.key.as_str(), None),
+            })
+            .collect();
+        let keys = keys.iter().map(|(k, r)| (*k, r.as_deref()));
+        let records = self.record_keys(bucket, keys, token);
+        send_body(out, Bytes::from(delete.to_xml()), Checksum::Sha256)?;
+        Ok(records)
+    }
+
+    /// Every key of `delete` held (alone when it has conditions), `fencing`
+    /// saying which are fenced. With owners, the holds of fenced keys are
+    /// this replica's (it owns their resources now); the others are in
+    /// etcd. Always in this order.
+    async fn hold_keys(
+        &self,
+        bucket: &str,
+        delete: &Delete,
+        fencing: &[Option<String>],
+    ) -> Result<ObjectHold, S3Error> {
         let (mut here, mut shared) = (Vec::new(), Vec::new());
-        for (o, resource) in delete.objects.iter().zip(&fencing) {
+        for (o, resource) in delete.objects.iter().zip(fencing) {
             let mode = match o.conditions {
                 Some(_) => Mode::Alone,
                 None => Mode::Shared,
@@ -140,37 +208,7 @@ impl Proxy {
                 .await
                 .map_err(S3Error::from_hold)?,
         );
-        let refused = self.judge_keys(bucket, &delete, &out.headers).await?;
-        delete
-            .objects
-            .retain(|o| !refused.iter().any(|(k, _)| *k == o.key));
-        // The body was read whole: in cluster mode, the lease is asked now.
-        if !hold.body_complete() {
-            return Err(S3Error::lease_lapsed("one of the keys"));
-        }
-        let nothing_left = delete.objects.is_empty();
-        let mut records = Vec::new();
-        if !nothing_left {
-            let keys: Vec<(&str, Option<String>)> = delete
-                .objects
-                .iter()
-                .map(|o| match self.resolver.resolve(bucket, &o.key) {
-                    Fencing::Fenced(r) => (o.key.as_str(), Some(r)),
-                    Fencing::Unfenced => (o.key.as_str(), None),
-                })
-                .collect();
-            let keys = keys.iter().map(|(k, r)| (*k, r.as_deref()));
-            records = self.record_keys(bucket, keys, token);
-            send_body(out, Bytes::from(delete.to_xml()), Checksum::Sha256)?;
-        }
-        Ok(MultiDelete {
-            permits,
-            hold,
-            refused,
-            nothing_left,
-            records,
-            elsewhere: None,
-        })
+        Ok(hold)
     }
 
     /// The keys of `delete` whose conditions do not hold, each read with a
