@@ -12,7 +12,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fencegate::fence::doubt::Doubts;
 use fencegate::fence::gate::{Gate, Kind};
-use fencegate::fence::issued::{Behind, Issued, Issuers};
+use fencegate::fence::issued::{Behind, Issuers, Whose};
 use fencegate::fence::landing::{Landing, Sent, Write};
 use fencegate::fence::table::{FenceRecord, FenceTable, RedbTable, TableError};
 use futures_util::future::BoxFuture;
@@ -144,8 +144,8 @@ impl Issuers for EveryToken {
     fn lock_of(&self, resource: &str) -> Option<&str> {
         (resource == "bench/hot").then_some("etcd:bench")
     }
-    fn check<'a>(&'a self, _: &'a str, _: u64) -> BoxFuture<'a, Result<Issued, String>> {
-        Box::pin(async { Ok(Issued::Holder) })
+    fn check<'a>(&'a self, _: &'a str, _: u64) -> BoxFuture<'a, Result<Whose, String>> {
+        Box::pin(async { Ok(Whose::Holder) })
     }
     fn resource_of_lock(&self, _: &str) -> Option<&str> {
         None

@@ -75,11 +75,15 @@ pub struct LockArgs {
     #[arg(long, env = "FENCEGATE_LOCK_CA_FILE")]
     pub ca_file: Option<std::path::PathBuf>,
     /// PEM client certificate, for a service that demands one (mutual TLS).
-    #[arg(long, env = "FENCEGATE_LOCK_CERT_FILE", requires = "key_file")]
+    #[arg(long, env = "FENCEGATE_LOCK_CERT_FILE", requires = "tls_key_file")]
     pub cert_file: Option<std::path::PathBuf>,
     /// PEM private key of --cert-file.
-    #[arg(long, env = "FENCEGATE_LOCK_KEY_FILE", requires = "cert_file")]
-    pub key_file: Option<std::path::PathBuf>,
+    #[arg(
+        long = "key-file",
+        env = "FENCEGATE_LOCK_KEY_FILE",
+        requires = "cert_file"
+    )]
+    pub tls_key_file: Option<std::path::PathBuf>,
     /// User: etcd RBAC user, Redis ACL user, PostgreSQL role, ZooKeeper
     /// SASL (DIGEST-MD5) user.
     #[arg(long, env = "FENCEGATE_LOCK_USER")]
@@ -148,7 +152,8 @@ pub struct IssueArgs {
         default_value = "http://127.0.0.1:9001"
     )]
     pub admin_url: String,
-    /// The admin API's bearer token.
+    /// The admin bearer, which the admin API's writes must present
+    /// (`Authorization: Bearer ...`).
     #[arg(long, env = "FENCEGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// fencegate's S3 URL, given to the program as AWS_ENDPOINT_URL.
@@ -194,7 +199,7 @@ pub struct FencesArgs {
     /// Admin API base URL. Default: http://<server.admin_listen of the config>.
     #[arg(long)]
     pub admin: Option<String>,
-    /// Admin bearer token for raising. Default: FENCEGATE_ADMIN_TOKEN, then
+    /// The admin bearer, for raising. Default: FENCEGATE_ADMIN_TOKEN, then
     /// server.admin_token of the config.
     #[arg(long, env = "FENCEGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,

@@ -4,9 +4,11 @@
 //!
 //! # Layout
 //!
-//! A request comes in through [`server`], is handled by [`proxy`] (which
-//! reads it with [`s3`], fences it with [`fence`] and forwards it with
-//! [`upstream`]), and its answer goes back the same way. Arrows say which
+//! A request comes in through [`server`] (which accepts its connection),
+//! [`workers`] (which gives it a serving thread) and [`connection`] (which
+//! serves it there), is handled by [`proxy`] (which reads it with [`s3`],
+//! fences it with [`fence`] and forwards it with [`upstream`]), and its
+//! answer goes back the same way. Arrows say which
 //! way a module depends; `scripts/module-graph` checks that none goes round
 //! in a circle.
 //!
@@ -14,12 +16,15 @@
 //!
 //! Each word below means one thing in the code and the docs:
 //!
-//! - **token**: the fencing token, a number from a lock service. Two
+//! - **token**: the fencing token, a number from a lock service. Three
 //!   other things are called tokens where AWS or the configuration name
 //!   them: the *session token* (`x-amz-security-token`, of a session
-//!   credential, [`s3::session`]) and the admin API's *bearer*
-//!   (`server.admin_token`, `Config::admin_bearer`). Neither is ever
-//!   "the token".
+//!   credential, [`s3::session`]), the credentials endpoint's
+//!   *authorization token* (`AWS_CONTAINER_AUTHORIZATION_TOKEN`,
+//!   [`locks::endpoint`]) and the admin API's *bearer*, the **admin
+//!   bearer** (`server.admin_token`, `--admin-token`,
+//!   `Config::admin_bearer`). None is ever "the token", and help texts say
+//!   "admin bearer".
 //! - **fence**: a resource's highest accepted token; **raise**: making a
 //!   higher one durable; **admit**: the gate letting a request through
 //!   (check, raise, ordering barrier, [`fence::gate`]).
@@ -31,8 +36,15 @@
 //!   and a database's own transaction commit. The **body gate**
 //!   ([`fence::body_gate`]) is what lets a write's last frame go.
 //! - **hold**: an object's hold, where a conditional write's check and
-//!   write are one step ([`fence::hold`]); **permit**: a write's place in
-//!   the ordering barrier, kept until its answer is complete.
+//!   write are one step ([`fence::hold`], `ObjectHold`); its `Holder` says
+//!   whose it is (`Holder::ThisOwner`, `Holder::AnyReplica`). Nothing
+//!   else is a hold. **permit**: a write's place in the ordering barrier.
+//!   **keep**: what a write's exchange keeps until its answer is complete,
+//!   its permits, object hold and landing slots (`proxy/forward.rs`:
+//!   `Keep`, and `KeptBody`, the answer that carries them). A lock is
+//!   *taken* (`locks::TakenLock`, `fencegate lock`'s) and its **holder**
+//!   is whoever has it (the lock services' word; `issued::Holding`, what
+//!   is known of the holder's token).
 //! - **route**: phase 6, where a request is served (`proxy/route.rs`);
 //!   **forward**: phase 9, the exchange with the backend
 //!   (`proxy/forward.rs`); **to the owner**: a request sent to the
@@ -40,7 +52,10 @@
 //!   request sent to a peer by a replica cut off from etcd.
 //! - **owner**, **tenure**, **epoch**: the replica admitting a resource's
 //!   writes, its time as owner, and the number etcd gave that time
-//!   (`Cluster::tenure_stands`). **Moved**: an owner's answer to a request
+//!   (`Cluster::tenure_stands`; the gate's `OwnerTenure` is this
+//!   replica's cluster and tenure). **At the owner**: served by another
+//!   replica that owns the resource (`Admission::AtOwner`,
+//!   `Route::AtOwner`). **Moved**: an owner's answer to a request
 //!   forwarded at an epoch that is not its own any more (nothing done);
 //!   `Refusal::TenureLost` is the gate finding its own tenure over.
 //! - **peer**: another replica. `proxy/peers.rs` holds the connections to
@@ -57,6 +72,28 @@
 //!   or streamed), the index file's is `DbFile::database`.
 //! - **transport**: how `upstream::client` reaches the backend (over the
 //!   wire, or in-process to the embedded store); not a route.
+//! - **effect**: what an operation does to what: reads or writes the
+//!   service, a bucket or objects (`s3::op::Effect`, which CONTRACT §2's
+//!   fenced writes are read from).
+//! - **access**: how fencegate reaches a lock service: TLS, client
+//!   certificate, user and password (the `*_access` tables,
+//!   `config::access::AccessConfig`, applied by [`access`]). An *access
+//!   key* is an S3 credential's id, and the *access log* a request's one
+//!   line; the embedded store's own check of its callers is
+//!   `SignedOrTrusted` (`upstream/embedded.rs`).
+//! - **key file**: a file with a TLS private key (a lock service's client
+//!   key, `AccessConfig::tls_key_file`; the S3 listener's is
+//!   `server.tls_key`) or with a session key
+//!   (`SessionsConfig::session_key_file`); both tables spell it `key_file`.
+//! - **secret**: a configured secret string, never printed
+//!   (`config::Secret`: the admin bearer, the backend's secret key); a
+//!   lock service's password is a `Password`.
+//! - **issue**: to give out. A lock issues tokens to its holders; verified
+//!   raises ask the locks of verified resources (`fence::issued::Issuers`)
+//!   `Whose` a token is. The admin API issues session credentials
+//!   (`SessionIssuer`, each a `SessionCredential`), which `fencegate
+//!   credentials` and `fencegate lock` read as a `CredentialsReply`;
+//!   `--credentials-endpoint` gets them from its `CredsSource`.
 //!
 //! # Modules
 //!
@@ -182,18 +219,22 @@
 //! A request's life (→ fence, s3, upstream, access_log, body, config,
 //! metric_names, tls):
 //!
-//! - [`proxy`]: the phases of a request over one `RequestCtx`, one error
-//!   exit, one log event, a file a phase (the table in `proxy/mod.rs`):
-//!   `head.rs` (size, signature, operation, permission), `token.rs`,
-//!   `route.rs` (here, at the owner, or at a peer), `admit_here.rs` (the
-//!   admission here), `conditional.rs` (the object's hold and a write's
-//!   conditions, and `fence.conditional_writes`), `outgoing.rs` (the
-//!   upstream request) with `per_op.rs` (what one operation adds, in one
-//!   `match`), `forward.rs` (the exchange, keeping the permits and object
-//!   hold until the answer is complete), `respond.rs`. Beside them:
-//!   `in_doubt.rs` gives a write its slot in the landing record and looks
-//!   at the objects of writes in doubt; `etags.rs` keeps the ETag
-//!   fencegate's conditioned writes left each object;
+//! - [`proxy`]: the phases of a request, each a function from what the
+//!   phases before it established to what it establishes, one error exit,
+//!   one log event (what `RequestCtx` collects), a file a phase (the table
+//!   in `proxy/mod.rs`): `head.rs` (size, signature, operation,
+//!   permission), `token.rs`, `route.rs` (here, at the owner, or at a
+//!   peer), `admit_here.rs` (the admission here, and what it does to the
+//!   writes in doubt), `conditional.rs` (the object's hold and a write's
+//!   conditions, and the condition `fence.conditional_writes` sends),
+//!   `in_doubt.rs` (the write's slot in the landing record, and the looks
+//!   at the objects of writes in doubt), `outgoing.rs` (the upstream
+//!   request and its body pipeline) with `per_op.rs` (what one operation
+//!   adds, in one `match`), `forward.rs` (the exchange, keeping the
+//!   permits and object hold until the answer is complete), `respond.rs`
+//!   (the answer, and what fencegate learns from it). Beside them:
+//!   `etags.rs` keeps the ETag fencegate's conditioned writes left each
+//!   object;
 //!   `to_owner.rs` sends a request to the replica owning its resource, or
 //!   relays it to a peer; `peers.rs` keeps the other replicas'
 //!   connections and the pings that end forwards to one that stopped
@@ -221,9 +262,11 @@
 //! - [`workers`] (→ per_thread): the serving threads, one a core by
 //!   default, each a single-threaded runtime serving the connections
 //!   `server` hands it, with its own list in the upstream pool.
+//! - [`connection`] (→ proxy, workers, metric_names): one S3 connection on
+//!   its serving thread: TLS, then HTTP/1 into `Proxy::handle`.
 //! - [`server`] (→ everything above): start-up (fence table, gate, backend,
-//!   services) apart from serving (listener, connection limit, handler,
-//!   graceful shutdown).
+//!   services) apart from serving (listener, connection limit, the handler
+//!   that gives each connection its serving thread, graceful shutdown).
 //! - [`cli`] (→ config, bench): flags and config overrides; `main.rs` is
 //!   thin: CLI, config, logging, run.
 //! - [`bench`](mod@bench) (→ s3, config, store, upstream, tls): `fencegate
@@ -255,6 +298,7 @@ pub mod bench;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod fence;
 pub mod locks;
 pub mod log_buffer;

@@ -224,7 +224,7 @@ fn lock(a: LockArgs) -> ExitCode {
         access: fencegate::config::access::AccessConfig {
             ca_file: a.ca_file,
             cert_file: a.cert_file,
-            key_file: a.key_file,
+            tls_key_file: a.tls_key_file,
             user: a.user,
             password_file: a.password_file,
             password_env: a.password_env,
@@ -254,7 +254,11 @@ fn lock(a: LockArgs) -> ExitCode {
 
 /// Session credentials for `token` from `lock`, asked of the admin API as
 /// `issue` says (`fencegate credentials` and `fencegate lock --credentials`).
-async fn issue_for(issue: &IssueArgs, token: u64, lock: &str) -> Result<client::Issued, String> {
+async fn issue_for(
+    issue: &IssueArgs,
+    token: u64,
+    lock: &str,
+) -> Result<client::CredentialsReply, String> {
     let (admin, scope) = (&issue.admin_url, &issue.scope);
     let admin_token = issue.admin_token.as_deref();
     client::issue(
@@ -298,7 +302,7 @@ fn credentials_endpoint(
     listen: Option<std::net::SocketAddr>,
     token_file: Option<std::path::PathBuf>,
 ) -> fencegate::locks::helper::ExtraEnv {
-    use fencegate::locks::endpoint::{self, Creds, Issuer};
+    use fencegate::locks::endpoint::{self, Creds, CredsSource};
     Box::new(move |token, lock, lost| {
         Box::pin(async move {
             let ttl = issue.credentials_ttl.unwrap_or(ENDPOINT_TTL_SECS);
@@ -307,7 +311,7 @@ fn credentials_endpoint(
                 ..issue
             });
             let asking = issue.clone();
-            let issuer: Issuer = std::sync::Arc::new(move || {
+            let source: CredsSource = std::sync::Arc::new(move || {
                 let (issue, lock) = (asking.clone(), lock.clone());
                 Box::pin(async move {
                     let got = issue_for(&issue, token, &lock)
@@ -323,7 +327,7 @@ fn credentials_endpoint(
             });
             let listen = listen.unwrap_or(([127, 0, 0, 1], 0).into());
             let ttl = std::time::Duration::from_secs(ttl);
-            let ep = endpoint::start(listen, token_file, issuer, ttl, lost).await?;
+            let ep = endpoint::start(listen, token_file, source, ttl, lost).await?;
             eprintln!(
                 "fencegate lock: credentials for token {token} at {} (authorization token in {}), renewed every {} s",
                 ep.url,

@@ -3,7 +3,7 @@
 //! the S3 and admin services; [`serve`] takes the bound [`Listeners`] and a
 //! shutdown future, accepts through a `Listener` (connection limit), and
 //! the `Handler` hands each connection to one of the serving threads
-//! (`workers`, `Handler::spawn`), where `Serving::serve` serves it (the TLS
+//! (`workers`, `Handler::spawn`), where `connection` serves it (the TLS
 //! handshake, bounded by the idle timeout, then HTTP/1 into
 //! `Proxy::handle`); then it drains in-flight requests. [`run`] is the two
 //! with SIGINT/SIGTERM.
@@ -11,6 +11,7 @@
 use crate::admin::Admin;
 use crate::body::full;
 use crate::config::{BackendKind, Config, ServerConfig};
+use crate::connection::Serving;
 use crate::fence::doubt::Doubts;
 use crate::fence::gate::Gate;
 use crate::fence::landing::Landing;
@@ -27,7 +28,7 @@ use crate::workers::Workers;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::io::Write;
 use std::sync::Arc;
@@ -253,7 +254,7 @@ pub async fn start(cfg: &Config) -> Result<Services, StartError> {
         backend_addr,
         probe,
         store,
-        sessions: sessions.map(|keys| crate::s3::session::Issuer {
+        sessions: sessions.map(|keys| crate::s3::session::SessionIssuer {
             keys,
             max_ttl_secs: cfg.sessions.max_ttl_secs,
             default_ttl_secs: cfg.sessions.default_ttl_secs,
@@ -519,20 +520,10 @@ struct Handler {
     workers: Workers,
 }
 
-/// How a connection is served, taken to its serving thread.
-#[derive(Clone)]
-struct Serving {
-    proxy: Arc<Proxy>,
-    http: http1::Builder,
-    tls: Option<TlsAcceptor>,
-    /// Bounds the TLS handshake, like a header section.
-    idle_timeout: Duration,
-}
-
 impl Handler {
-    /// Serves `conn` (after the TLS handshake, if the port speaks HTTPS)
-    /// until the client or the graceful shutdown closes it; counted in
-    /// `fencegate_connections` and under the limit while it lasts.
+    /// Hands `conn` to the serving thread with the fewest connections
+    /// (`workers`), where it is served (`connection`); it counts under the
+    /// connection limit while it lasts.
     fn spawn(&self, conn: Connection, graceful: &GracefulShutdown) {
         let Connection { sock, slot } = conn;
         // Registered again on the serving thread's runtime, whose driver
@@ -540,42 +531,8 @@ impl Handler {
         let Ok(sock) = sock.into_std() else { return };
         let serving = self.serving.clone();
         let watcher = graceful.watcher();
-        self.workers.run(move |place| {
-            tokio::spawn(async move {
-                metrics::gauge!(m::CONNECTIONS).increment(1.0);
-                serving.serve(sock, watcher).await;
-                metrics::gauge!(m::CONNECTIONS).decrement(1.0);
-                drop((slot, place));
-            });
-        });
-    }
-}
-
-impl Serving {
-    /// The TLS handshake if the port speaks HTTPS, then HTTP/1 until the
-    /// client or the graceful shutdown closes the connection.
-    async fn serve(self, sock: std::net::TcpStream, watcher: Watcher) {
-        let Ok(sock) = TcpStream::from_std(sock) else {
-            return;
-        };
-        let proxy = self.proxy;
-        let svc = service_fn(move |req| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-        });
-        match self.tls {
-            None => {
-                let conn = self.http.serve_connection(TokioIo::new(sock), svc);
-                let _ = watcher.watch(conn).await;
-            }
-            Some(acceptor) => {
-                let handshake = acceptor.accept(sock);
-                if let Ok(Ok(stream)) = tokio::time::timeout(self.idle_timeout, handshake).await {
-                    let conn = self.http.serve_connection(TokioIo::new(stream), svc);
-                    let _ = watcher.watch(conn).await;
-                }
-            }
-        }
+        self.workers
+            .run(move |place| serving.start(sock, watcher, slot, place));
     }
 }
 

@@ -90,7 +90,7 @@ pub fn split_url(url: &str, access: &AccessConfig) -> Result<(String, PgTls), St
     let files = AccessConfig {
         ca_file: access.ca_file.clone().or(root),
         cert_file: access.cert_file.clone().or(cert),
-        key_file: access.key_file.clone().or(key),
+        tls_key_file: access.tls_key_file.clone().or(key),
         ..AccessConfig::default()
     };
     let rest = if kept.is_empty() {

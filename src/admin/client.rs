@@ -68,10 +68,11 @@ pub async fn run(base: &str, token: Option<&str>, cmd: FenceCommand) -> Result<b
     Ok(status.is_success())
 }
 
-/// Session credentials as the admin API issues them (`POST /credentials`).
+/// The admin API's reply to `POST /credentials`: session credentials as
+/// it issues them.
 #[derive(Debug, serde::Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct Issued {
+pub struct CredentialsReply {
     pub access_key_id: String,
     pub secret_access_key: String,
     pub session_token: String,
@@ -79,7 +80,7 @@ pub struct Issued {
     pub fencing_token: u64,
 }
 
-impl Issued {
+impl CredentialsReply {
     /// The variables a program reads them from: the AWS SDKs' (and aws
     /// CLI's, rclone's with `env_auth`, restic's, object_store's...).
     pub fn env(&self, s3_url: Option<&str>) -> Vec<(&'static str, String)> {
@@ -115,7 +116,7 @@ pub async fn issue(
     lock: &str,
     scope: &[String],
     ttl_secs: Option<u64>,
-) -> Result<Issued, String> {
+) -> Result<CredentialsReply, String> {
     let base = base.trim_end_matches('/');
     let body =
         serde_json::json!({"token": token, "lock": lock, "scope": scope, "ttl_secs": ttl_secs});

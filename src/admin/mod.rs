@@ -26,9 +26,9 @@ pub mod transfer;
 use crate::body::{ProxyBody, full};
 use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
-use crate::fence::issued::Issued;
+use crate::fence::issued::Whose;
 use crate::s3::query;
-use crate::s3::session::{Issuer, rfc3339};
+use crate::s3::session::{SessionIssuer, rfc3339};
 use crate::s3::sigv4::same_signature;
 use crate::store::Store;
 use crate::upstream::probe::Probe;
@@ -56,7 +56,7 @@ pub struct Admin {
     /// The embedded store, when it is the backend (for readiness).
     pub store: Option<Store>,
     /// Issues session credentials; none when sessions are off.
-    pub sessions: Option<Issuer>,
+    pub sessions: Option<SessionIssuer>,
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ProxyBody> {
@@ -208,7 +208,7 @@ impl Admin {
         }
     }
 
-    /// The admin bearer token's check: `Err` is the answer to send.
+    /// The admin bearer's check: `Err` is the answer to send.
     fn authorized(
         &self,
         req: &Request<Incoming>,
@@ -295,10 +295,10 @@ impl Admin {
             return Ok(());
         };
         match issuers.check(resource, token).await {
-            Ok(Issued::Holder) => Ok(()),
+            Ok(Whose::Holder) => Ok(()),
             Ok(
-                Issued::Earlier { holder }
-                | Issued::NotIssued {
+                Whose::Earlier { holder }
+                | Whose::NotIssued {
                     holder: Some(holder),
                 },
             ) => Err(json(
@@ -307,7 +307,7 @@ impl Admin {
                                          no credential is issued for a token the lock's \
                                          holder does not have")}),
             )),
-            Ok(Issued::NotIssued { holder: None }) => Err(json(
+            Ok(Whose::NotIssued { holder: None }) => Err(json(
                 StatusCode::FORBIDDEN,
                 json!({"error": format!("lock {lock} has no holder now: no credential is \
                                          issued for token {token}")}),

@@ -23,7 +23,8 @@ pub struct AccessConfig {
     /// PEM file of fencegate's client certificate (mutual TLS).
     pub cert_file: Option<PathBuf>,
     /// PEM file of the client certificate's private key.
-    pub key_file: Option<PathBuf>,
+    #[serde(rename = "key_file")]
+    pub tls_key_file: Option<PathBuf>,
     /// User name (etcd RBAC user, Redis ACL user, PostgreSQL role,
     /// ZooKeeper SASL user).
     pub user: Option<String>,
@@ -38,17 +39,17 @@ pub type CertAndKey = (Vec<u8>, Vec<u8>);
 
 /// A password: kept out of `Debug`, so out of every log line and error.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
+pub struct Password(String);
 
-impl Secret {
+impl Password {
     pub fn expose(&self) -> &str {
         &self.0
     }
 }
 
-impl std::fmt::Debug for Secret {
+impl std::fmt::Debug for Password {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
+        f.write_str("Password(..)")
     }
 }
 
@@ -59,7 +60,7 @@ impl AccessConfig {
     }
 
     /// The password, read now from its file or variable.
-    pub fn password(&self) -> Result<Option<Secret>, String> {
+    pub fn password(&self) -> Result<Option<Password>, String> {
         if let Some(path) = &self.password_file {
             let mut s = std::fs::read_to_string(path)
                 .map_err(|e| format!("password_file {}: {e}", path.display()))?;
@@ -69,11 +70,11 @@ impl AccessConfig {
                     s.pop();
                 }
             }
-            return Ok(Some(Secret(s)));
+            return Ok(Some(Password(s)));
         }
         if let Some(var) = &self.password_env {
             return match std::env::var(var) {
-                Ok(s) => Ok(Some(Secret(s))),
+                Ok(s) => Ok(Some(Password(s))),
                 Err(_) => Err(format!("password_env: ${var} is not set")),
             };
         }
@@ -81,7 +82,7 @@ impl AccessConfig {
     }
 
     /// The user and password, when both are given.
-    pub fn credentials(&self) -> Result<Option<(String, Secret)>, String> {
+    pub fn credentials(&self) -> Result<Option<(String, Password)>, String> {
         match (&self.user, self.password()?) {
             (Some(u), Some(p)) => Ok(Some((u.clone(), p))),
             _ => Ok(None),
@@ -97,7 +98,7 @@ impl AccessConfig {
     pub fn identity_pem(&self) -> Result<Option<CertAndKey>, String> {
         match (
             read_opt(&self.cert_file, "cert_file")?,
-            read_opt(&self.key_file, "key_file")?,
+            read_opt(&self.tls_key_file, "key_file")?,
         ) {
             (Some(c), Some(k)) => Ok(Some((c, k))),
             _ => Ok(None),
@@ -108,7 +109,7 @@ impl AccessConfig {
     /// Files are read, so that a missing one stops start-up at once.
     pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
         let f = |name: &str| format!("{field}.{name}");
-        if self.cert_file.is_some() != self.key_file.is_some() {
+        if self.cert_file.is_some() != self.tls_key_file.is_some() {
             return Err(err(
                 &f("cert_file"),
                 "cert_file and key_file go together (mutual TLS needs both)",

@@ -56,7 +56,8 @@ pub struct SessionsConfig {
     /// The issuing key (at least 32 characters). Unset: one node makes
     /// `<data_dir>/session.key` on first start; in cluster mode sessions
     /// are off unless every replica names the same file here.
-    pub key_file: Option<PathBuf>,
+    #[serde(rename = "key_file")]
+    pub session_key_file: Option<PathBuf>,
     /// Keys that still verify, after a rotation (none issues).
     pub previous_key_files: Vec<PathBuf>,
     /// Longest lifetime of a credential, in seconds.
@@ -68,7 +69,7 @@ pub struct SessionsConfig {
 impl Default for SessionsConfig {
     fn default() -> Self {
         SessionsConfig {
-            key_file: None,
+            session_key_file: None,
             previous_key_files: Vec::new(),
             max_ttl_secs: 12 * 3600,
             default_ttl_secs: 3600,
@@ -125,8 +126,7 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Admin listener (health, fences). Loopback by default.
     pub admin_listen: SocketAddr,
-    /// Holds the fence table (`fences.redb`) and, for the embedded backend,
-    /// the objects.
+    /// Holds the fence table (`fences.redb`) and the embedded store's objects.
     pub data_dir: PathBuf,
     /// Region clients sign for.
     pub region: String,
@@ -155,7 +155,7 @@ pub struct ServerConfig {
     /// TLS on the S3 listener: PEM certificate chain and private key.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
-    /// Bearer token for admin writes (`POST /fences/...`, `POST
+    /// The admin bearer, for admin writes (`POST /fences/...`, `POST
     /// /credentials`); falls back to `FENCEGATE_ADMIN_TOKEN`. Without one,
     /// raising by hand and issuing session credentials are disabled.
     pub admin_token: Option<Secret>,
@@ -535,7 +535,7 @@ impl Config {
         validate::serving(self, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
-    /// The admin bearer token: from the file, else `FENCEGATE_ADMIN_TOKEN`.
+    /// The admin bearer: from the file, else `FENCEGATE_ADMIN_TOKEN`.
     pub fn admin_bearer(&self) -> Option<Secret> {
         self.server.admin_token.clone().or_else(|| {
             std::env::var("FENCEGATE_ADMIN_TOKEN")

@@ -277,7 +277,7 @@ pub(super) fn sessions(s: &SessionsConfig) -> Result<(), ConfigError> {
             "must be between 1 and sessions.max_ttl_secs",
         ));
     }
-    if s.key_file.is_none() && !s.previous_key_files.is_empty() {
+    if s.session_key_file.is_none() && !s.previous_key_files.is_empty() {
         return Err(err(
             "sessions.previous_key_files",
             "name the current key in sessions.key_file too",
@@ -339,7 +339,7 @@ pub(super) fn serving(
 /// on first start).
 fn session_keys(cfg: &Config) -> Result<(), ConfigError> {
     let s = &cfg.sessions;
-    let current = (s.key_file.iter()).map(|p| ("sessions.key_file".to_string(), p));
+    let current = (s.session_key_file.iter()).map(|p| ("sessions.key_file".to_string(), p));
     let previous = (s.previous_key_files.iter().enumerate())
         .map(|(i, p)| (format!("sessions.previous_key_files[{i}]"), p));
     for (field, path) in current.chain(previous) {
@@ -347,7 +347,7 @@ fn session_keys(cfg: &Config) -> Result<(), ConfigError> {
             .map_err(|e| err(&field, format!("cannot read {}: {e}", path.display())))?;
         long_enough(&field, path, &text)?;
     }
-    if s.key_file.is_none() && cfg.cluster.is_none() {
+    if s.session_key_file.is_none() && cfg.cluster.is_none() {
         let path = cfg.server.data_dir.join("session.key");
         if let Ok(text) = std::fs::read_to_string(&path) {
             long_enough("sessions.key_file", &path, &text)

@@ -65,7 +65,7 @@ pub enum Mode {
 pub enum Holder {
     /// The owner of the object's resource, which is this replica: every
     /// write of the object reaches it, so the hold is in this process.
-    Owner,
+    ThisOwner,
     /// Whichever replica the write reached: in cluster mode the hold is in
     /// etcd, shared by the replicas; on a single node, in this process.
     AnyReplica,

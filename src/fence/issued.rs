@@ -7,9 +7,10 @@
 
 use futures_util::future::BoxFuture;
 
-/// What the lock says of a token that would raise its resource's fence.
+/// Whose a token that would raise its resource's fence is, as the lock
+/// says: its holder's, an earlier holder's, or one it never gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Issued {
+pub enum Whose {
     /// It is the lock's current holder's: the raise goes on.
     Holder,
     /// The lock's holder has this higher token: the request's token was
@@ -40,7 +41,7 @@ pub trait Issuers: Send + Sync {
     /// Whether `token` is the holder's of `resource`'s lock: from what the
     /// lock's watch knows, else asking the service. An error: the service
     /// could not be asked.
-    fn check<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<Issued, String>>;
+    fn check<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<Whose, String>>;
 
     /// The resource whose verified lock `lock` names: the lock as
     /// `[[eager]]` names it (`etcd:NAME` or `NAME`), or its holder's key as

@@ -11,7 +11,7 @@
 //!
 //! - the endpoint listens on a loopback address of its own, behind a random
 //!   authorization token; a caller without it gets `401`;
-//! - it has credentials issued (by the caller's [`Issuer`]: fencegate's
+//! - it has credentials issued (by the caller's [`CredsSource`]: fencegate's
 //!   admin API) at start and again each half of their lifetime, and serves
 //!   the current ones;
 //! - the moment the lock is lost it stops: every later fetch gets `503`
@@ -40,8 +40,9 @@ pub struct Creds {
     pub expiration: String,
 }
 
-/// Issues fresh credentials for the lock's token.
-pub type Issuer = Arc<dyn Fn() -> BoxFuture<'static, Result<Creds, String>> + Send + Sync>;
+/// Where the endpoint gets fresh credentials for the lock's token (in
+/// `fencegate lock`, issued by the admin API).
+pub type CredsSource = Arc<dyn Fn() -> BoxFuture<'static, Result<Creds, String>> + Send + Sync>;
 
 /// The endpoint, running until dropped.
 pub struct Endpoint {
@@ -94,7 +95,7 @@ struct State {
 pub async fn start(
     listen: SocketAddr,
     token_file: Option<PathBuf>,
-    issue: Issuer,
+    issue: CredsSource,
     ttl: Duration,
     mut lost: watch::Receiver<bool>,
 ) -> Result<Endpoint, String> {
@@ -262,7 +263,7 @@ fn write_token(path: Option<PathBuf>, token: &str) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
 
-    fn issuer(n: Arc<std::sync::atomic::AtomicU32>) -> Issuer {
+    fn source(n: Arc<std::sync::atomic::AtomicU32>) -> CredsSource {
         Arc::new(move || {
             let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
@@ -299,7 +300,7 @@ mod tests {
         let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let (lost, rx) = watch::channel(false);
         let ttl = Duration::from_millis(400);
-        let ep = start("127.0.0.1:0".parse().unwrap(), None, issuer(n), ttl, rx)
+        let ep = start("127.0.0.1:0".parse().unwrap(), None, source(n), ttl, rx)
             .await
             .unwrap();
         assert_eq!(std::fs::read_to_string(&ep.token_file).unwrap(), ep.token);
@@ -340,7 +341,7 @@ mod tests {
         let ep = start(
             at,
             Some(path.clone()),
-            issuer(n),
+            source(n),
             Duration::from_secs(60),
             rx,
         )
@@ -354,7 +355,7 @@ mod tests {
         let default = start(
             at,
             None,
-            issuer(Arc::default()),
+            source(Arc::default()),
             Duration::from_secs(60),
             watch::channel(false).1,
         )
@@ -372,7 +373,7 @@ mod tests {
         let (_lost, rx) = watch::channel(false);
         let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let at = "0.0.0.0:0".parse().unwrap();
-        let err = start(at, None, issuer(n), Duration::from_secs(60), rx).await;
+        let err = start(at, None, source(n), Duration::from_secs(60), rx).await;
         assert!(err.err().unwrap().contains("loopback only"));
     }
 }

@@ -7,7 +7,7 @@
 //! `--timeout`); [`EXIT_LOST`] when the lock was lost while the command ran
 //! (the command was then sent SIGTERM, and SIGKILL after `--kill-grace`).
 
-use super::{Held, LockError, etcd, postgres, redis, zookeeper};
+use super::{LockError, TakenLock, etcd, postgres, redis, zookeeper};
 use crate::config::access::AccessConfig;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
@@ -61,7 +61,7 @@ pub struct LockSpec {
     pub extra_env: Option<ExtraEnv>,
 }
 
-async fn take(spec: &LockSpec) -> Result<Held, LockError> {
+async fn take(spec: &LockSpec) -> Result<TakenLock, LockError> {
     if let Some(url) = &spec.postgres {
         return postgres::acquire(
             url,
@@ -72,22 +72,22 @@ async fn take(spec: &LockSpec) -> Result<Held, LockError> {
             spec.timeout,
         )
         .await
-        .map(|l| Held::Postgres(Box::new(l)));
+        .map(|l| TakenLock::Postgres(Box::new(l)));
     }
     if let Some(url) = &spec.redis {
         return redis::acquire(url, &spec.access, &spec.name, spec.ttl, spec.timeout)
             .await
-            .map(|l| Held::Redis(Box::new(l)));
+            .map(|l| TakenLock::Redis(Box::new(l)));
     }
     match &spec.zookeeper {
         Some(servers) => {
             zookeeper::acquire(servers, &spec.access, &spec.name, spec.ttl, spec.timeout)
                 .await
-                .map(Held::ZooKeeper)
+                .map(TakenLock::ZooKeeper)
         }
         None => etcd::acquire(&spec.etcd, &spec.access, &spec.name, spec.ttl, spec.timeout)
             .await
-            .map(|l| Held::Etcd(Box::new(l))),
+            .map(|l| TakenLock::Etcd(Box::new(l))),
     }
 }
 

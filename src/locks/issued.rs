@@ -14,7 +14,7 @@
 
 use crate::config::access::AccessConfig;
 use crate::config::locks::{EagerConfig, LockRef, LocksConfig};
-use crate::fence::issued::{Behind, Issued, Issuers};
+use crate::fence::issued::{Behind, Issuers, Whose};
 use crate::metric_names as m;
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
@@ -53,7 +53,8 @@ enum View {
     Unknown,
     /// Nobody holds it (or its token is not known yet).
     Free,
-    Held(Holding),
+    /// Its holder has this token.
+    Taken(Holding),
 }
 
 /// How a lock's service is asked who holds it, with the connection kept
@@ -220,7 +221,7 @@ impl Followed {
 
     pub(super) fn holder_seen(&self, holding: Option<Holding>) {
         *self.view.lock().unwrap_or_else(|p| p.into_inner()) = match holding {
-            Some(h) => View::Held(h),
+            Some(h) => View::Taken(h),
             None => View::Free,
         };
     }
@@ -329,20 +330,20 @@ fn names(l: &LockRef, lock: &str) -> bool {
 
 /// `token` against what is known of the holder's; `None`: it is above
 /// the least the holder's can be, with no reading of the most.
-fn against(token: u64, holder: Option<Holding>) -> Option<Issued> {
+fn against(token: u64, holder: Option<Holding>) -> Option<Whose> {
     let Some(h) = holder else {
-        return Some(Issued::NotIssued { holder: None });
+        return Some(Whose::NotIssued { holder: None });
     };
     let most = match h.exact {
         true => Some(h.token),
         false => h.ceiling,
     };
     Some(match (token.cmp(&h.token), most) {
-        (std::cmp::Ordering::Less, _) => Issued::Earlier { holder: h.token },
-        (_, Some(m)) if token > m => Issued::NotIssued {
+        (std::cmp::Ordering::Less, _) => Whose::Earlier { holder: h.token },
+        (_, Some(m)) if token > m => Whose::NotIssued {
             holder: Some(h.token),
         },
-        (_, Some(_)) => Issued::Holder,
+        (_, Some(_)) => Whose::Holder,
         (_, None) => return None,
     })
 }
@@ -352,23 +353,23 @@ impl Issuers for Holders {
         self.by_resource.get(resource).map(|f| f.lock.as_str())
     }
 
-    fn check<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<Issued, String>> {
+    fn check<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<Whose, String>> {
         Box::pin(async move {
             let Some(f) = self.by_resource.get(resource) else {
-                return Ok(Issued::Holder);
+                return Ok(Whose::Holder);
             };
             let view = *f.view.lock().unwrap_or_else(|p| p.into_inner());
             // What the watch knows settles the holder's token and an
             // earlier one; anything above may be a holder newer than the
             // watch has heard of, or needs a reading of the most it can be.
-            if let View::Held(h) = view
+            if let View::Taken(h) = view
                 && (token < h.token || (h.exact && token == h.token))
                 && let Some(verdict) = against(token, Some(h))
             {
                 return Ok(verdict);
             }
             let asked = f.asker.holder().await?;
-            Ok(against(token, asked).unwrap_or(Issued::NotIssued {
+            Ok(against(token, asked).unwrap_or(Whose::NotIssued {
                 holder: asked.map(|h| h.token),
             }))
         })
@@ -407,13 +408,13 @@ mod tests {
     #[test]
     fn a_token_is_the_holders_an_earlier_one_or_none_the_lock_gave() {
         let exact = Some(Holding::exact(7));
-        assert_eq!(against(7, exact), Some(Issued::Holder));
-        assert_eq!(against(5, exact), Some(Issued::Earlier { holder: 7 }));
+        assert_eq!(against(7, exact), Some(Whose::Holder));
+        assert_eq!(against(5, exact), Some(Whose::Earlier { holder: 7 }));
         assert_eq!(
             against(9, exact),
-            Some(Issued::NotIssued { holder: Some(7) })
+            Some(Whose::NotIssued { holder: Some(7) })
         );
-        assert_eq!(against(9, None), Some(Issued::NotIssued { holder: None }));
+        assert_eq!(against(9, None), Some(Whose::NotIssued { holder: None }));
         // etcd without the token in the key: between the key's floor and
         // etcd's revision; above the floor with no reading, undecided.
         let range = |ceiling| {
@@ -423,12 +424,12 @@ mod tests {
                 ceiling,
             })
         };
-        assert_eq!(against(5, range(None)), Some(Issued::Earlier { holder: 7 }));
+        assert_eq!(against(5, range(None)), Some(Whose::Earlier { holder: 7 }));
         assert_eq!(against(8, range(None)), None);
-        assert_eq!(against(8, range(Some(9))), Some(Issued::Holder));
+        assert_eq!(against(8, range(Some(9))), Some(Whose::Holder));
         assert_eq!(
             against(10, range(Some(9))),
-            Some(Issued::NotIssued { holder: Some(7) })
+            Some(Whose::NotIssued { holder: Some(7) })
         );
     }
 }

@@ -62,42 +62,42 @@ pub enum LockError {
     Lost(String),
 }
 
-/// A lock held for `fencegate lock`.
-pub enum Held {
+/// A lock taken for `fencegate lock`, held until it is released or lost.
+pub enum TakenLock {
     Etcd(Box<etcd::EtcdLock>),
     ZooKeeper(zookeeper::ZkLock),
     Redis(Box<redis::RedisLock>),
     Postgres(Box<postgres::PgLock>),
 }
 
-impl Held {
-    /// The fencing token of this holding.
+impl TakenLock {
+    /// The fencing token the lock gave.
     pub fn token(&self) -> u64 {
         match self {
-            Held::Etcd(l) => l.token,
-            Held::ZooKeeper(l) => l.token,
-            Held::Redis(l) => l.token,
-            Held::Postgres(l) => l.token,
+            TakenLock::Etcd(l) => l.token,
+            TakenLock::ZooKeeper(l) => l.token,
+            TakenLock::Redis(l) => l.token,
+            TakenLock::Postgres(l) => l.token,
         }
     }
 
     /// The lock's key in the service (etcd key or ZooKeeper node path).
     pub fn key(&self) -> &str {
         match self {
-            Held::Etcd(l) => &l.key,
-            Held::ZooKeeper(l) => &l.node,
-            Held::Redis(l) => &l.key,
-            Held::Postgres(l) => &l.key,
+            TakenLock::Etcd(l) => &l.key,
+            TakenLock::ZooKeeper(l) => &l.node,
+            TakenLock::Redis(l) => &l.key,
+            TakenLock::Postgres(l) => &l.key,
         }
     }
 
     /// Resolves when the lock is lost, with the reason.
     pub async fn lost(&mut self) -> String {
         match self {
-            Held::Etcd(l) => l.lost().await,
-            Held::ZooKeeper(l) => l.lost().await,
-            Held::Redis(l) => l.lost().await,
-            Held::Postgres(l) => l.lost().await,
+            TakenLock::Etcd(l) => l.lost().await,
+            TakenLock::ZooKeeper(l) => l.lost().await,
+            TakenLock::Redis(l) => l.lost().await,
+            TakenLock::Postgres(l) => l.lost().await,
         }
     }
 
@@ -105,10 +105,10 @@ impl Held {
     /// gone has released it anyway).
     pub async fn release(self) {
         match self {
-            Held::Etcd(l) => l.release().await,
-            Held::ZooKeeper(l) => l.release().await,
-            Held::Redis(l) => l.release().await,
-            Held::Postgres(l) => l.release().await,
+            TakenLock::Etcd(l) => l.release().await,
+            TakenLock::ZooKeeper(l) => l.release().await,
+            TakenLock::Redis(l) => l.release().await,
+            TakenLock::Postgres(l) => l.release().await,
         }
     }
 }

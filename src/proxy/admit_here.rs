@@ -5,15 +5,44 @@
 //! object's hold; with owners the admission may name the replica that
 //! owns the resource instead.
 
-use super::{Fenced, Proxy, RequestCtx, in_doubt};
+use super::{Fenced, Proxy, RequestCtx, Signed};
+use crate::fence::doubt::Touch;
 use crate::fence::gate::{Admission, Kind};
 use crate::fence::hold::object_name;
 use crate::fence::resource::Fencing;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
-use crate::s3::op::{Access, Operation};
+use crate::s3::op::{Effect, Op, Operation};
+use http::HeaderMap;
+use http::request::Parts;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Whether a PutObject with these headers leaves its body's MD5 as its
+/// ETag: it names no customer key and no KMS key.
+fn etag_is_md5(headers: &HeaderMap) -> bool {
+    let kms = headers
+        .get("x-amz-server-side-encryption")
+        .is_some_and(|v| v.as_bytes().starts_with(b"aws:kms"));
+    !kms && !headers.contains_key("x-amz-server-side-encryption-customer-algorithm")
+}
+
+/// What a fenced request on `object` does, for the writes in doubt on its
+/// resource (`fence::doubt`). `md5_etag`: a PutObject whose ETag will be
+/// its body's MD5 (`etag_is_md5`).
+fn touch(op: Op, object: &str, read: bool, md5_etag: bool) -> Touch<'_> {
+    match op {
+        _ if read => Touch::Read,
+        Op::PutObject => Touch::Put { object, md5_etag },
+        Op::DeleteObject => Touch::Delete { object },
+        Op::CopyObject | Op::CompleteMultipartUpload => Touch::Replace { object },
+        Op::CreateMultipartUpload
+        | Op::UploadPart
+        | Op::UploadPartCopy
+        | Op::AbortMultipartUpload => Touch::Keeps,
+        _ => Touch::Other,
+    }
+}
 
 impl Proxy {
     /// Whether a fenced `op` goes to the backend with a condition on its
@@ -23,16 +52,18 @@ impl Proxy {
         self.conditions_on_backend(op.op) && self.probe.honours_writes()
     }
 
-    /// Phase 6: admission through the gate. An unconditional write that
-    /// replaces or deletes its object shares the object's hold in the same
-    /// step where that saves a round trip (cluster mode).
+    /// Phase 6: admission through the gate, for `token` (phase 5's). An
+    /// unconditional write that replaces or deletes its object shares the
+    /// object's hold in the same step where that saves a round trip
+    /// (cluster mode).
     pub(super) async fn admit_here(
         &self,
         ctx: &mut RequestCtx,
-        op: &Operation,
+        head: &Parts,
+        signed: &Signed<'_>,
         token: Option<u64>,
-        unconditional: bool,
     ) -> Result<Fenced, S3Error> {
+        let (op, via) = (&signed.op, signed.via);
         let none = Fenced {
             resource: None,
             token,
@@ -51,12 +82,12 @@ impl Proxy {
         // The backend refuses a conditioned write once overtaken only on
         // its own object: on a resource of several objects it is a write
         // like any other.
-        let kind = match op.access() {
-            Access::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
+        let kind = match op.effect() {
+            Effect::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
                 Kind::Conditioned
             }
-            Access::ObjectWrite => Kind::Write,
-            Access::ObjectRead => Kind::Read,
+            Effect::ObjectWrite => Kind::Write,
+            Effect::ObjectRead => Kind::Read,
             _ => return Ok(none),
         };
         ctx.resource = Some(resource.clone());
@@ -68,18 +99,19 @@ impl Proxy {
         // Forwarded to a tenure that no longer stands here (a lease not
         // fresh, a resource let go): `Moved` at once, nothing done, rather
         // than an attempt to take the resource back.
-        if ctx.forwarded.is_some() {
-            self.check_forwarded(ctx, &resource)?;
+        if via.forwarded.is_some() {
+            self.check_forwarded(via, &resource)?;
         }
         let admitting = Instant::now();
         let sharing = kind.writes()
-            && unconditional
+            && signed.conditions.is_none()
             && op.op.changes_object()
             && self.gate.holds().put_by_admission();
         let admitted = match sharing {
             true => self.gate.admit_sharing(&resource, token, &object).await,
             false => {
-                let touch = in_doubt::touch(op.op, &object, kind == Kind::Read, ctx.etag_is_md5);
+                let md5_etag = op.op == Op::PutObject && etag_is_md5(&head.headers);
+                let touch = touch(op.op, &object, kind == Kind::Read, md5_etag);
                 let admitted = self.gate.admit_touching(&resource, token, kind, touch);
                 admitted.await.map(|a| (a, None))
             }
@@ -88,12 +120,12 @@ impl Proxy {
         // Forwarded, and its tenure lapsed meanwhile (also while a raise
         // waited for etcd and failed): `Moved`, nothing done, for the
         // forwarder to route again.
-        if !matches!(admitted, Ok((Admission::Owner(..), _))) {
-            self.check_forwarded(ctx, &resource)?;
+        if !matches!(admitted, Ok((Admission::AtOwner(..), _))) {
+            self.check_forwarded(via, &resource)?;
         }
         let (permit, hold, owner) = match admitted {
             Ok((Admission::Here(permit), hold)) => (permit, hold, None),
-            Ok((Admission::Owner(owner, epoch), _)) => (None, None, Some((owner, epoch))),
+            Ok((Admission::AtOwner(owner, epoch), _)) => (None, None, Some((owner, epoch))),
             Err(r) => return Err(S3Error::from_refusal(r, &resource)),
         };
         Ok(Fenced {

@@ -1,5 +1,7 @@
-//! A write's conditions judged by fencegate (CONTRACT §8), and
-//! `fence.conditional_writes`.
+//! Phase 7 of a request (`Proxy::process`): a write's hold on its object,
+//! and its conditions judged by fencegate (CONTRACT §8); and the condition
+//! `fence.conditional_writes` sends (`condition_on_current`, asked in
+//! phase 8 by `per_op.rs`, its answer learnt in phase 10, `respond.rs`).
 //!
 //! Every write that replaces or deletes an object holds the object
 //! (`fence::hold`) from here until its exchange is over. One with
@@ -24,16 +26,16 @@
 //! admission does not fail the condition (a lost update nobody can see in
 //! the content, but the stamp of the newer token is overwritten).
 
-use super::Proxy;
 use super::etags::Known;
-use crate::body::ProxyBody;
+use super::{Fenced, Proxy, Signed};
+use crate::fence::gate;
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::s3::conditions::{Conditions, Current, bare_etag, parse_time};
 use crate::s3::error::S3Error;
 use crate::s3::op::{Op, Operation};
 use crate::upstream::client::{Outgoing, UpstreamPayload};
 use http::header::{CONTENT_LENGTH, ETAG, IF_MATCH, IF_NONE_MATCH, LAST_MODIFIED};
-use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use std::sync::Arc;
 
 /// Headers of the write that its HEAD needs too: a customer-key encrypted
@@ -48,7 +50,37 @@ const HEAD_NEEDS: &[&str] = &[
 ];
 
 impl Proxy {
-    /// Phase 7: a write that replaces or deletes its object holds it
+    /// Phase 7: the hold on the object of a write that replaces or deletes
+    /// it (none for other requests): the one its admission put (cluster
+    /// mode), else one shared at once, else [`Proxy::hold_object`].
+    pub(super) async fn hold(
+        &self,
+        headers: &HeaderMap,
+        signed: &Signed<'_>,
+        fenced: &Fenced,
+    ) -> Result<Arc<ObjectHold>, S3Error> {
+        let holder = self.holder(fenced.resource.is_some());
+        let conditions = signed.conditions.as_ref();
+        if let Some(hold) = &fenced.hold {
+            return Ok(hold.clone());
+        }
+        match self.hold_at_once(&signed.op, conditions, holder) {
+            Some(hold) => Ok(hold),
+            None => Box::pin(self.hold_object(headers, &signed.op, conditions, holder)).await,
+        }
+    }
+
+    /// Whose a write's hold on its object is: with owners, every write to
+    /// an object of a fenced resource reaches the resource's owner, which
+    /// is this replica (it got this far), so the hold is the owner's.
+    pub(super) fn holder(&self, fenced: bool) -> Holder {
+        match matches!(self.gate.mode(), gate::Mode::Owners(_)) && fenced {
+            true => Holder::ThisOwner,
+            false => Holder::AnyReplica,
+        }
+    }
+
+    /// A write that replaces or deletes its object holds it
     /// (alone when it has conditions, shared otherwise), and its
     /// conditions are judged under the hold, on the object as the backend
     /// has it now. The hold is kept until the write's exchange is over.
@@ -82,6 +114,17 @@ impl Proxy {
                 .map_err(|f| f.error(&object))?;
         }
         Ok(Arc::new(hold))
+    }
+
+    /// Whether the backend is sent the conditions a write holds its
+    /// object alone for, and judges them when it applies it.
+    fn backend_judges(&self, op: Op, conditions: Option<&Conditions>) -> bool {
+        let judges = self.gate.doubts().judges();
+        match (op, conditions) {
+            (Op::PutObject, Some(c)) => c.only_etag_conditions() && judges.writes(),
+            (Op::DeleteObject, Some(c)) => c.only_etag_conditions() && judges.deletes(),
+            _ => false,
+        }
     }
 
     /// The common case of phase 7, without an await: a request that
@@ -195,58 +238,5 @@ impl Proxy {
                 .insert(IF_NONE_MATCH, HeaderValue::from_static("*")),
         };
         Ok(Some(object))
-    }
-
-    /// The answer to a write sent with fencegate's own condition on
-    /// `object`: its ETag kept for the next write, or forgotten. A `412`
-    /// means the object was not what fencegate sent the condition on (a
-    /// write landed in between: one whose outcome was unknown, one that a
-    /// replica paused past its lease let go, or one around fencegate):
-    /// nothing was written, which the client is told as `503 SlowDown`,
-    /// never as a `PreconditionFailed` it did not ask for; tried again,
-    /// the write looks at the object afresh.
-    pub(super) fn after_own_condition(
-        &self,
-        answer: Result<Response<ProxyBody>, S3Error>,
-        op: Op,
-        (object, epoch): &(String, i64),
-    ) -> Result<Response<ProxyBody>, S3Error> {
-        let resp = match answer {
-            Ok(resp) => resp,
-            Err(e) => {
-                self.etags.forget(object);
-                return Err(e);
-            }
-        };
-        let etag = resp.headers().get(ETAG);
-        match (resp.status(), etag) {
-            (StatusCode::PRECONDITION_FAILED, _) => {
-                self.etags.forget(object);
-                Err(S3Error::SlowDown(format!(
-                    "{object} changed after fencegate looked at it, so the store refused \
-                     the write fencegate sent with a condition on what it saw; nothing was \
-                     written"
-                )))
-            }
-            (s, Some(etag)) if s.is_success() && op == Op::PutObject => {
-                self.etags.put(object, *epoch, Known::Etag(etag.clone()));
-                Ok(resp)
-            }
-            _ => {
-                self.etags.forget(object);
-                Ok(resp)
-            }
-        }
-    }
-
-    /// Any other write to an object leaves it in a state fencegate did not
-    /// read from the answer: the next conditioned write looks again.
-    pub(super) fn after_other_write(&self, op: &Operation) {
-        if !op.op.changes_object() || !self.conditions_on_backend(Op::PutObject) {
-            return;
-        }
-        if let (Some(b), Some(k)) = (&op.bucket, &op.key) {
-            self.etags.forget(&object_name(b, k));
-        }
     }
 }

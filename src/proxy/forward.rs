@@ -7,7 +7,7 @@
 //! result (maybe an `<Error>`) at the end of the body, so the head is not
 //! the final word. The permits therefore travel with the exchange: with
 //! the pending request until the head arrives, then with the answer's body
-//! ([`HeldBody`]) until its end has been read. If the client leaves first,
+//! ([`KeptBody`]) until its end has been read. If the client leaves first,
 //! whatever is left of the exchange (the pending request, or the rest of
 //! the answer) goes on in a task of its own and lets go of the permits when
 //! it ends. The common case, a client that stays, needs no task, channel
@@ -45,7 +45,7 @@ type Answer = Result<Response<AnswerBody>, S3Error>;
 type Sending = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// What a fenced write's exchange needs to end well on its own.
-struct Hold {
+struct Keep {
     permits: Vec<Arc<Permit>>,
     /// The write's hold on its objects (CONTRACT §8), let go with the
     /// permits.
@@ -74,7 +74,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, S3Error> {
         let upstream = self.upstream.clone();
         if permits.is_empty() && objects.is_empty() {
-            // Nothing to hold: a read, or an unfenced write to no object. Boxed as the
+            // Nothing to keep: a read, or an unfenced write to no object. Boxed as the
             // fenced write's is: unboxed, the upstream request's future
             // (~3 KB) would size every request's future.
             let resp = Box::pin(upstream.send(out)).await?;
@@ -85,7 +85,7 @@ impl Proxy {
             Mode::Owners(_) => (Some(self.gate.doubts().clone()), false),
             Mode::Single => (Some(self.gate.doubts().clone()), true),
         };
-        let hold = Hold {
+        let keep = Keep {
             permits,
             objects,
             records,
@@ -94,23 +94,23 @@ impl Proxy {
             quarantine: self.quarantine,
             idle: upstream.timeout(),
         };
-        // Timed for fenced writes, as before holds: an unconditional write
+        // Timed for fenced writes, as before object holds: an unconditional write
         // that only shares its object costs no clock reads here.
-        let sent = (!hold.permits.is_empty()).then(Instant::now);
+        let sent = (!keep.permits.is_empty()).then(Instant::now);
         let mut pending = PendingHead {
             sending: Some(Box::pin(async move { upstream.send(out).await })),
-            hold: Some(hold),
+            keep: Some(keep),
         };
         let result = std::future::poll_fn(|cx| pending.poll_head(cx)).await;
         if let Some(sent) = sent {
             m::handles::upstream_latency().record(sent.elapsed().as_secs_f64());
         }
-        let hold = pending.hold.take().expect("held until the head arrives");
+        let keep = pending.keep.take().expect("kept until the head arrives");
         let resp = match result {
             Ok(resp) => resp,
             Err(e) => {
-                let quarantine = hold.quarantine;
-                return Err(match settle(hold, Some(&e.to_string())) {
+                let quarantine = keep.quarantine;
+                return Err(match settle(keep, Some(&e.to_string())) {
                     true => S3Error::BadGateway(format!(
                         "{e}; the backend had the whole body, so the write may still be \
                          applied: newer writes wait up to {} ms",
@@ -121,12 +121,12 @@ impl Proxy {
             }
         };
         let (parts, body) = resp.into_parts();
-        let held = HeldBody {
+        let kept = KeptBody {
             inner: Some(body),
-            stall: IdleTimer::new(hold.idle),
-            hold: Some(hold),
+            stall: IdleTimer::new(keep.idle),
+            keep: Some(keep),
         };
-        Ok(Response::from_parts(parts, held.boxed()))
+        Ok(Response::from_parts(parts, kept.boxed()))
     }
 }
 
@@ -135,7 +135,7 @@ impl Proxy {
 /// task of its own, which reads the answer to its end and then settles.
 struct PendingHead {
     sending: Option<Sending>,
-    hold: Option<Hold>,
+    keep: Option<Keep>,
 }
 
 impl PendingHead {
@@ -149,14 +149,14 @@ impl PendingHead {
 
 impl Drop for PendingHead {
     fn drop(&mut self) {
-        let (Some(sending), Some(hold)) = (self.sending.take(), self.hold.take()) else {
+        let (Some(sending), Some(keep)) = (self.sending.take(), self.keep.take()) else {
             return;
         };
         spawn(async move {
             match sending.await {
-                Ok(resp) => drain(resp.into_body(), hold).await,
+                Ok(resp) => drain(resp.into_body(), keep).await,
                 Err(e) => {
-                    settle(hold, Some(&e.to_string()));
+                    settle(keep, Some(&e.to_string()));
                 }
             }
         });
@@ -167,15 +167,15 @@ impl Drop for PendingHead {
 /// frame; it keeps the permits until the answer's end has been read (or the
 /// answer is lost: see `settle`). Dropped before that (the client left), it
 /// reads the rest in a task of its own.
-struct HeldBody {
+struct KeptBody {
     /// Taken by `drop` when the rest must be read in a task.
     inner: Option<AnswerBody>,
     /// The longest wait for the answer's next frame.
     stall: IdleTimer,
-    hold: Option<Hold>,
+    keep: Option<Keep>,
 }
 
-impl Body for HeldBody {
+impl Body for KeptBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -184,7 +184,7 @@ impl Body for HeldBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let (Some(_), Some(inner)) = (&this.hold, &mut this.inner) else {
+        let (Some(_), Some(inner)) = (&this.keep, &mut this.inner) else {
             return Poll::Ready(None);
         };
         let lost = match Pin::new(inner).poll_frame(cx) {
@@ -199,15 +199,15 @@ impl Body for HeldBody {
                 Some("the backend's answer stalled".to_string())
             }
         };
-        let hold = this.hold.take().expect("checked above");
-        settle(hold, lost.as_deref());
+        let keep = this.keep.take().expect("checked above");
+        settle(keep, lost.as_deref());
         Poll::Ready(lost.map(|why| Err(why.into())))
     }
 
     fn is_end_stream(&self) -> bool {
         // An answer complete at its head (no body) is not polled at all: its
-        // hold is settled when it is dropped, as a complete answer's is.
-        self.hold.is_none() || self.inner.as_ref().is_some_and(Body::is_end_stream)
+        // keep is settled when it is dropped, as a complete answer's is.
+        self.keep.is_none() || self.inner.as_ref().is_some_and(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -215,15 +215,15 @@ impl Body for HeldBody {
     }
 }
 
-impl Drop for HeldBody {
+impl Drop for KeptBody {
     fn drop(&mut self) {
-        let Some(hold) = self.hold.take() else {
+        let Some(keep) = self.keep.take() else {
             return;
         };
         match self.inner.take() {
-            Some(rest) if !rest.is_end_stream() => spawn(drain(rest, hold)),
+            Some(rest) if !rest.is_end_stream() => spawn(drain(rest, keep)),
             _ => {
-                settle(hold, None);
+                settle(keep, None);
             }
         }
     }
@@ -239,16 +239,16 @@ fn spawn(rest: impl Future<Output = ()> + Send + 'static) {
 
 /// Reads what is left of an answer the client no longer listens to, then
 /// settles.
-async fn drain(mut body: AnswerBody, hold: Hold) {
+async fn drain(mut body: AnswerBody, keep: Keep) {
     let lost = loop {
-        match tokio::time::timeout(hold.idle, body.frame()).await {
+        match tokio::time::timeout(keep.idle, body.frame()).await {
             Ok(None) => break None,
             Ok(Some(Ok(_))) => {}
             Ok(Some(Err(e))) => break Some(format!("the backend's answer broke off: {e}")),
             Err(_) => break Some("the backend's answer stalled".to_string()),
         }
     };
-    settle(hold, lost.as_deref());
+    settle(keep, lost.as_deref());
 }
 
 /// Lets go of a finished exchange's permits and object holds: at once, or,
@@ -258,8 +258,8 @@ async fn drain(mut body: AnswerBody, hold: Hold) {
 /// quarantine, and its slot in the landing record with it, except where
 /// the backend orders what comes after it. Without a record (the embedded
 /// store) or a place for doubts, the permits themselves are kept.
-fn settle(hold: Hold, lost: Option<&str>) -> bool {
-    let Hold {
+fn settle(keep: Keep, lost: Option<&str>) -> bool {
+    let Keep {
         permits,
         objects,
         records,
@@ -267,7 +267,7 @@ fn settle(hold: Hold, lost: Option<&str>) -> bool {
         unordered_too,
         quarantine,
         ..
-    } = hold;
+    } = keep;
     let complete = permits.iter().any(|p| p.body_was_complete()) || objects.body_was_complete();
     if !(lost.is_some() && complete) {
         return false;
@@ -309,8 +309,8 @@ mod tests {
     use crate::fence::gate::{Kind, Refusal};
     use crate::fence::hold::{HoldError, Holder, Holds, Mode};
 
-    fn held(permits: Vec<Permit>, objects: ObjectHold) -> Hold {
-        Hold {
+    fn kept(permits: Vec<Permit>, objects: ObjectHold) -> Keep {
+        Keep {
             permits: permits.into_iter().map(Arc::new).collect(),
             objects: Arc::new(objects),
             records: Vec::new(),
@@ -324,7 +324,7 @@ mod tests {
     /// A write whose answer was lost after its whole body went upstream keeps
     /// its resource closed for the quarantine, and not a moment longer.
     #[tokio::test(start_paused = true)]
-    async fn a_lost_answer_holds_the_resource_for_the_quarantine() {
+    async fn a_lost_answer_keeps_the_resource_for_the_quarantine() {
         let g = gate(Duration::from_millis(100));
         let old = g
             .admit("r", 33, Kind::Write)
@@ -334,7 +334,7 @@ mod tests {
             .unwrap();
         assert!(old.body_complete());
         assert!(settle(
-            held(vec![old], ObjectHold::none()),
+            kept(vec![old], ObjectHold::none()),
             Some("timed out")
         ));
         assert!(matches!(
@@ -360,7 +360,7 @@ mod tests {
         assert_eq!(admitted.elapsed(), Duration::ZERO);
     }
 
-    /// Without a complete body (or with an answer) nothing is held.
+    /// Without a complete body (or with an answer) nothing is kept.
     #[tokio::test(start_paused = true)]
     async fn an_incomplete_body_or_an_answer_releases_at_once() {
         let g = gate(Duration::from_secs(1));
@@ -371,7 +371,7 @@ mod tests {
             .permit()
             .unwrap();
         assert!(!settle(
-            held(vec![streaming], ObjectHold::none()),
+            kept(vec![streaming], ObjectHold::none()),
             Some("reset")
         ));
         let answered = g
@@ -381,7 +381,7 @@ mod tests {
             .permit()
             .unwrap();
         assert!(answered.body_complete());
-        assert!(!settle(held(vec![answered], ObjectHold::none()), None));
+        assert!(!settle(kept(vec![answered], ObjectHold::none()), None));
         let waiting = tokio::time::Instant::now();
         assert!(
             g.admit("r", 35, Kind::Write)
@@ -405,13 +405,13 @@ mod tests {
             .hold(one(Mode::Shared), Holder::AnyReplica)
             .await
             .unwrap();
-        assert!(!settle(held(vec![], streaming), Some("reset")));
+        assert!(!settle(kept(vec![], streaming), Some("reset")));
         let sent = holds
             .hold(one(Mode::Shared), Holder::AnyReplica)
             .await
             .unwrap();
         assert!(sent.body_complete());
-        assert!(settle(held(vec![], sent), Some("timed out")));
+        assert!(settle(kept(vec![], sent), Some("timed out")));
         assert!(matches!(
             holds.hold(one(Mode::Alone), Holder::AnyReplica).await,
             Err(HoldError::Busy(_))

@@ -1,18 +1,55 @@
-//! Phases 1 to 4 of a request (`Proxy::process`): everything fencegate
-//! learns from the request's head alone, before any state is asked: its
-//! size and query, who signed it, what it does to which bucket and key,
-//! and whether the signer may.
+//! Phases 1 to 4 of a request (`Proxy::process`), in `head_phases`:
+//! everything fencegate learns from the request's head alone, before any
+//! state is asked: its size and query, who signed it, what it does to
+//! which bucket and key (and on what conditions), and whether the signer
+//! may.
 
-use super::{Proxy, RequestCtx};
+use super::to_owner::Via;
+use super::{Proxy, RequestCtx, Signed, Signing};
+use crate::fence::gate::Mode;
 use crate::s3::auth::{self, Verified};
+use crate::s3::conditions::Conditions;
 use crate::s3::error::S3Error;
 use crate::s3::names;
-use crate::s3::op::{self, Access, Operation};
+use crate::s3::op::{self, Effect, Operation};
 use crate::s3::query::{self, Param};
 use http::request::Parts;
 use std::time::SystemTime;
 
 impl Proxy {
+    /// Phases 1 to 4, in order: the head checked, its signature, what it
+    /// does and whether its signer may. A CORS preflight and an anonymous
+    /// read leave after phase 1, unsigned (`public.rs`).
+    pub(super) fn head_phases<'h>(
+        &self,
+        ctx: &mut RequestCtx,
+        head: &'h Parts,
+    ) -> Result<Signing<'h>, S3Error> {
+        let query = self.check_head(head)?;
+        if head.method == http::Method::OPTIONS {
+            return Ok(Signing::Preflight);
+        }
+        if self.anonymous_reads && auth::is_anonymous(&head.headers, &query) {
+            return Ok(Signing::Anonymous(query));
+        }
+        let verified = self.authenticate(ctx, head, &query)?;
+        let via = match self.gate.mode() {
+            Mode::Owners(_) => Via::of(&head.headers),
+            _ => Via::default(),
+        };
+        let op = self.classify(ctx, head, &query)?;
+        self.authorize(&verified, &op, &query)?;
+        let versioned = query::has_query_param(&query, "versionId");
+        let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
+        Ok(Signing::Signed(Signed {
+            query,
+            verified,
+            op,
+            conditions,
+            via,
+        }))
+    }
+
     /// Phase 1: the head's size, and the query parsed once.
     pub(super) fn check_head<'h>(&self, head: &'h Parts) -> Result<Vec<Param<'h>>, S3Error> {
         let header_bytes: usize = head
@@ -121,7 +158,7 @@ impl Proxy {
                 src.bucket
             )));
         }
-        if op.access() == Access::BucketWrite && !v.credential.bucket_admin {
+        if op.effect() == Effect::BucketWrite && !v.credential.bucket_admin {
             return Err(S3Error::AccessDenied(format!(
                 "access key {key_id} may not administer bucket {bucket}"
             )));

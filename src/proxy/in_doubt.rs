@@ -1,32 +1,21 @@
 //! A write's place in the landing record (`fence::landing`), so that a
-//! restarted process knows what may still land, and what a request does
-//! for the writes in doubt on its resource (`fence::doubt`): the touch
-//! its admission is judged by, and the MD5 check of a body that must not
-//! give its object back an ETag a write in doubt expects.
+//! restarted process knows what may still land (taken in phase 7, after
+//! the object's hold), and the looks at the objects of writes in doubt
+//! that settle them (`fence::doubt`). What a request does for the writes
+//! in doubt on its resource is judged at its admission (`admit_here.rs`,
+//! `touch`), and the MD5 check of a body that must not give its object
+//! back an ETag a write in doubt expects is in its body pipeline
+//! (`outgoing.rs`, `md5_guarded`).
 
 use super::Proxy;
-use crate::fence::doubt::{ToProbe, Touch};
-use crate::fence::gate::Permit;
+use crate::fence::doubt::ToProbe;
 use crate::fence::hold::{ObjectHold, object_name};
 use crate::fence::landing::{Record, Sent, Write};
-use crate::s3::chunked::FrameStream;
 use crate::s3::conditions::{Conditions, bare_etag};
-use crate::s3::error::S3Error;
 use crate::s3::op::{Op, Operation};
-use futures_util::StreamExt;
 use http::HeaderMap;
 use http::header::{IF_MATCH, IF_NONE_MATCH};
-use md5::{Digest, Md5};
 use std::sync::Arc;
-
-/// Whether a PutObject with these headers leaves its body's MD5 as its
-/// ETag: it names no customer key and no KMS key.
-pub(super) fn etag_is_md5(headers: &HeaderMap) -> bool {
-    let kms = headers
-        .get("x-amz-server-side-encryption")
-        .is_some_and(|v| v.as_bytes().starts_with(b"aws:kms"));
-    !kms && !headers.contains_key("x-amz-server-side-encryption-customer-algorithm")
-}
 
 /// The condition `headers` send the backend.
 pub(super) fn sent(headers: &HeaderMap) -> Sent {
@@ -36,25 +25,6 @@ pub(super) fn sent(headers: &HeaderMap) -> Sent {
     match headers.get(IF_NONE_MATCH) {
         Some(v) if v.as_bytes() == b"*" => Sent::IfNoneMatch,
         _ => Sent::Plain,
-    }
-}
-
-/// What a fenced request on `object` does, for the writes in doubt on its
-/// resource.
-pub(super) fn touch(op: Op, object: &str, read: bool, etag_is_md5: bool) -> Touch<'_> {
-    match op {
-        _ if read => Touch::Read,
-        Op::PutObject => Touch::Put {
-            object,
-            md5_etag: etag_is_md5,
-        },
-        Op::DeleteObject => Touch::Delete { object },
-        Op::CopyObject | Op::CompleteMultipartUpload => Touch::Replace { object },
-        Op::CreateMultipartUpload
-        | Op::UploadPart
-        | Op::UploadPartCopy
-        | Op::AbortMultipartUpload => Touch::Keeps,
-        _ => Touch::Other,
     }
 }
 
@@ -114,17 +84,6 @@ impl Proxy {
     /// write (so that a write sent with one is ordered by the backend).
     fn backend_orders(&self, op: Op, sent: &Sent) -> bool {
         op == Op::PutObject && *sent != Sent::Plain && self.gate.doubts().judges().writes()
-    }
-
-    /// Whether the backend is sent the conditions a write holds its
-    /// object alone for, and judges them when it applies it.
-    pub(super) fn backend_judges(&self, op: Op, conditions: Option<&Conditions>) -> bool {
-        let judges = self.gate.doubts().judges();
-        match (op, conditions) {
-            (Op::PutObject, Some(c)) => c.only_etag_conditions() && judges.writes(),
-            (Op::DeleteObject, Some(c)) => c.only_etag_conditions() && judges.deletes(),
-            _ => false,
-        }
     }
 
     /// The write's slot in the landing record, for a write to a remote
@@ -198,45 +157,4 @@ impl Proxy {
         })
         .collect()
     }
-}
-
-/// `frames` whose MD5 must be none of `guards` (the ETags writes in doubt
-/// on its object expect, `Permit::guards`): the stream ends with an error
-/// instead of its end if it is one, so that the body gate never lets its
-/// last bytes go.
-pub(super) fn md5_guarded(frames: FrameStream, permit: Option<&Permit>) -> FrameStream {
-    let Some(guards) = permit.map(Permit::guards).filter(|g| !g.is_empty()) else {
-        return frames;
-    };
-    let guards: Vec<Box<str>> = guards.to_vec();
-    let mut md5 = Some(Md5::new());
-    let mut frames = frames;
-    Box::pin(futures_util::stream::poll_fn(move |cx| {
-        let next = std::task::ready!(frames.poll_next_unpin(cx));
-        let Some(hasher) = md5.as_mut() else {
-            return std::task::Poll::Ready(next);
-        };
-        match next {
-            Some(Ok(frame)) => {
-                if let Some(d) = frame.data_ref() {
-                    hasher.update(d);
-                }
-                std::task::Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(e)) => std::task::Poll::Ready(Some(Err(e))),
-            None => {
-                let digest = hex::encode(md5.take().expect("taken once").finalize());
-                let Some(etag) = guards.iter().find(|g| g.eq_ignore_ascii_case(&digest)) else {
-                    return std::task::Poll::Ready(None);
-                };
-                std::task::Poll::Ready(Some(Err(S3Error::SlowDown(format!(
-                    "this write would give its object back the ETag {etag}, which an earlier \
-                     write whose outcome is unknown (its answer was lost, or fencegate \
-                     restarted while it was in flight) expects: that write could then land \
-                     after this one. Nothing was done; it goes once that write's quarantine \
-                     is over"
-                )))))
-            }
-        }
-    }))
 }

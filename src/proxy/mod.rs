@@ -1,26 +1,34 @@
-//! A request's life in fencegate, as named phases over one `RequestCtx`.
-//! `Proxy::process` reads as this table; each phase is one function, in
-//! the file named:
+//! A request's life in fencegate, as named phases. `Proxy::process` reads
+//! as this table; each phase is a function in the file named, handed what
+//! the phases before it established and handing on what it establishes,
+//! as pingora's phases are:
 //!
-//! | # | phase | file::function | what it does |
-//! |---|---|---|---|
-//! | 1 | head | `head.rs::check_head` | size limit, query parsed once; a CORS preflight and (with `server.anonymous_reads`) an unsigned read leave here, unsigned (`public.rs`) |
-//! | 2 | authenticate | `head.rs::authenticate` | SigV4 against the credential table |
-//! | 3 | classify | `head.rs::classify` | operation, bucket, key and copy source, each in the one form that is fenced *and* forwarded (`s3::names`) |
-//! | 4 | authorize | `head.rs::authorize` | the credential may use the bucket(s), administer it for bucket writes, and a session credential's scope holds |
-//! | 5 | token | `token.rs::token` | the fencing token from a signed carrier, the session credential, or the multipart upload it belongs to |
-//! | 6 | route | `route.rs::route` | where it is served: here through `admit_here.rs::admit_here` (resource from the rules; the gate's check, durable raise and ordering barrier), or at the owner (`to_owner.rs::to_owner`), or at a peer when cut off from etcd (`to_owner.rs::relay`) |
-//! | 7 | hold | `conditional.rs::hold_object` | a write that replaces or deletes its object holds it; its conditions are judged under the hold (CONTRACT §8). In cluster mode an unconditional write's hold is put by its admission |
-//! | 8 | upstream request | `outgoing.rs::upstream_request`, then `per_op.rs::per_op` | the body pipeline (behind the body gate) and the headers the backend gets, token stamped; what one operation adds (a condition made to hold on the backend, a fenced copy, CreateBucket, DeleteObjects) |
-//! | 9 | forward | `forward.rs::forward` | the exchange, in a task that keeps the write's permits until the answer is complete, even if the client leaves; a quarantine when the answer is lost after a complete body |
-//! | 10 | respond | `respond.rs::respond` | the answer streamed back (a limited credential's bucket list filtered, an upload's token recorded) |
+//! | # | phase | file::function | in → out | what it does |
+//! |---|---|---|---|---|
+//! | 1 | head | `head.rs::check_head` | head → query | size limit, query parsed once; a CORS preflight and (with `server.anonymous_reads`) an unsigned read leave here, unsigned (`public.rs`) |
+//! | 2 | authenticate | `head.rs::authenticate` | head, query → `Verified` | SigV4 against the credential table |
+//! | 3 | classify | `head.rs::classify` | head, query → `Operation` | operation, bucket, key and copy source, each in the one form that is fenced *and* forwarded (`s3::names`) |
+//! | 4 | authorize | `head.rs::authorize` | `Verified`, `Operation` → () | the credential may use the bucket(s), administer it for bucket writes, and a session credential's scope holds |
+//! | 5 | token | `token.rs::token` | `Signed` → the token | the fencing token from a signed carrier, the session credential, or the multipart upload it belongs to |
+//! | 6 | route | `route.rs::route` | `Signed`, the token → `Fenced` (or the owner's answer) | where it is served: here through `admit_here.rs::admit_here` (resource from the rules; the gate's check, durable raise and ordering barrier), or at the owner (`to_owner.rs::to_owner`), or at a peer when cut off from etcd (`to_owner.rs::relay`) |
+//! | 7 | hold | `conditional.rs::hold`, then `in_doubt.rs::record_write` | `Signed`, `Fenced` → the object's hold, the landing slot | a write that replaces or deletes its object holds it; its conditions are judged under the hold (CONTRACT §8). In cluster mode an unconditional write's hold is put by its admission. In front of a remote store, the write's slot in the landing record |
+//! | 8 | upstream request | `outgoing.rs::upstream_request`, then `per_op.rs::nothing_per_op` or `per_op.rs::per_op` | `Admitted` → `Outgoing`, `Exchange` | the body pipeline (behind the body gate) and the headers the backend gets, token stamped; what one operation adds (a condition made to hold on the backend, a fenced copy, CreateBucket, DeleteObjects) |
+//! | 9 | forward | `forward.rs::forward` | `Outgoing`, what the exchange keeps → the answer | the exchange, keeping the write's permits until the answer is complete, even if the client leaves; a quarantine when the answer is lost after a complete body |
+//! | 10 | respond | `respond.rs::respond` | the answer → the response | the answer streamed back (a limited credential's bucket list filtered, an upload's token recorded, the ETag a write with fencegate's own condition left learnt) |
+//!
+//! Phases 1 to 4 run in `head.rs::head_phases`, whose output is `Signed`.
+//! The token leaves phase 5 as its output and goes into phase 6, whose
+//! `Fenced` carries it on (the stamp, the copy, the upload's record).
+//! `RequestCtx` is no phase's input: the phases write into it what the log
+//! line says, and only the error exit and the log read it.
 //!
 //! Where a PutObject becomes durable, in order:
 //!
-//! - **its token**, when it raises the fence: phase 6, `Gate::admit` →
-//!   `raise_slot` → `FenceTable::raise` (`fence/table.rs`: one redb commit,
-//!   fsynced, before the write is admitted; in cluster mode an etcd
-//!   transaction, `fence/cluster/owners.rs`);
+//! - **its token**, when it raises the fence: phase 6,
+//!   `Gate::admit_touching` → `raise_slot` → `FenceTable::raise`
+//!   (`fence/table.rs`: one redb commit, fsynced, before the write is
+//!   admitted; in cluster mode an etcd transaction,
+//!   `fence/cluster/owners.rs`);
 //! - **its body** only once its permit still stands: the body gate
 //!   (`fence/body_gate.rs`) holds the last frame until then (phase 8);
 //! - **its bytes**, on the embedded store: the blob file fsynced
@@ -55,17 +63,17 @@ mod token;
 
 use crate::body::{ProxyBody, full};
 use crate::config::{ConditionalWrites, Config, Credential};
-use crate::fence::gate::{Gate, Mode, Permit};
+use crate::fence::gate::{Gate, Permit};
 use crate::fence::hold::ObjectHold;
 use crate::fence::landing::Record;
 use crate::fence::resource::Resolver;
 use crate::fence::token::Carriers;
 use crate::metric_names as m;
-use crate::s3::auth::{self, Credentials, Verified};
+use crate::s3::auth::{Credentials, Verified};
 use crate::s3::conditions::Conditions;
 use crate::s3::error::S3Error;
 use crate::s3::op::{Op, Operation};
-use crate::s3::query::{self, Param};
+use crate::s3::query::Param;
 use crate::s3::session::SessionKeys;
 use crate::upstream::client::Upstream;
 use crate::upstream::probe::Probe;
@@ -79,6 +87,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use to_owner::Via;
 
 /// Chunk size of aws-chunked bodies sent upstream.
 const UPSTREAM_CHUNK: usize = 64 * 1024;
@@ -112,8 +121,11 @@ pub struct Proxy {
     id_prefix: u32,
 }
 
-/// One request as it passes through the phases: what is known so far, and
-/// everything the log line says about it.
+/// What the log line says of one request (and what its error answer and
+/// its metrics need: the URI, the `Origin`, the sends to owners). The
+/// phases write it as they learn things, and never read it: what a phase
+/// needs comes in as its input, and what it establishes goes out as its
+/// output (the structs below), as in pingora's phases.
 struct RequestCtx {
     request_id: String,
     started: Instant,
@@ -132,22 +144,40 @@ struct RequestCtx {
     /// A session credential's claims (its lock goes to the access log).
     session: Option<Arc<crate::s3::session::Session>>,
     resource: Option<String>,
+    /// Phase 5's token, as the log line says it (the phases after it are
+    /// handed the token itself).
     token: Option<u64>,
     highest: Option<u64>,
     decision: &'static str,
     payload: &'static str,
-    /// Cluster mode with owners: the owner's epoch a forwarding replica
-    /// saw (`to_owner.rs`).
-    forwarded: Option<i64>,
     /// Cluster mode with owners: how many times this request was sent to
-    /// an owner (`route.rs`, at most [`route::MAX_SENDS`]).
+    /// an owner (`route.rs`, at most [`route::MAX_SENDS`]), for
+    /// `fencegate_cluster_forward_sends`.
     forward_sends: u32,
-    /// Cluster mode with owners: relayed here by a replica cut off from
-    /// etcd (`to_owner.rs`, never relayed again).
-    relayed: bool,
-    /// A PutObject's ETag will be its body's MD5: it names no customer or
-    /// KMS key (`fence::doubt` checks such a body against writes in doubt).
-    etag_is_md5: bool,
+}
+
+/// What phases 1 to 4 make of a request's head (`head.rs::head_phases`).
+// Returned once a request, and nearly always `Signed`: boxed, that would be
+// an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Signing<'h> {
+    /// Signed and allowed: on to phase 5.
+    Signed(Signed<'h>),
+    /// A CORS preflight, forwarded unsigned (`public.rs`).
+    Preflight,
+    /// An unsigned read, with `server.anonymous_reads` (`public.rs`).
+    Anonymous(Vec<Param<'h>>),
+}
+
+/// A signed request as its head says, the output of phases 1 to 4.
+struct Signed<'h> {
+    query: Vec<Param<'h>>,
+    verified: Verified,
+    op: Operation,
+    /// Its `If-None-Match` / `If-Match` (or a delete's) conditions.
+    conditions: Option<Conditions>,
+    /// How it came: from a client, or from another replica.
+    via: Via,
 }
 
 /// What the phases before the upstream request established.
@@ -155,6 +185,7 @@ struct Admitted<'a> {
     verified: Verified,
     op: Operation,
     query: Vec<Param<'a>>,
+    via: Via,
     fenced: Fenced,
     /// The write's hold on its object (empty for other requests).
     hold: Arc<ObjectHold>,
@@ -162,9 +193,29 @@ struct Admitted<'a> {
     record: Option<Arc<Record>>,
 }
 
+impl<'a> Admitted<'a> {
+    fn new(
+        signed: Signed<'a>,
+        fenced: Fenced,
+        hold: Arc<ObjectHold>,
+        record: Option<Arc<Record>>,
+    ) -> Admitted<'a> {
+        Admitted {
+            verified: signed.verified,
+            op: signed.op,
+            query: signed.query,
+            via: signed.via,
+            fenced,
+            hold,
+            record,
+        }
+    }
+}
+
 /// The outcome of phase 6's admission here (`admit_here.rs`).
 struct Fenced {
     resource: Option<String>,
+    /// Phase 5's token: the one place the phases after phase 6 read it.
     token: Option<u64>,
     permit: Option<Arc<Permit>>,
     /// Cluster mode: the object's shared hold, put by the admission.
@@ -274,6 +325,27 @@ impl Proxy {
         })
     }
 
+    /// The operations that `fence.conditional_writes` sends with a
+    /// condition on their object as admitted. The gate's
+    /// [`Kind::Conditioned`](crate::fence::gate::Kind) is chosen by the
+    /// same rule (`admit_here.rs`).
+    pub(super) fn conditions_on_backend(&self, op: Op) -> bool {
+        let per_object = matches!(
+            op,
+            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
+        );
+        per_object
+            && match self.conditional_writes {
+                ConditionalWrites::On => true,
+                ConditionalWrites::Off => false,
+                // A remote backend (the embedded store's writes die with
+                // the process, and it honours conditions anyway).
+                ConditionalWrites::Auto => {
+                    self.gate.doubts().landing().is_some() && self.probe.honours_writes()
+                }
+            }
+    }
+
     fn request_id(&self) -> String {
         let n = request_number();
         // `{:08X}{:08X}` of the prefix and the count, without `format!`.
@@ -315,10 +387,7 @@ impl Proxy {
             highest: None,
             decision: "forwarded",
             payload: "",
-            forwarded: None,
             forward_sends: 0,
-            relayed: false,
-            etag_is_md5: false,
         };
         let resp = match self.process(req, &mut ctx).await {
             Ok(r) => r,
@@ -352,7 +421,8 @@ impl Proxy {
         resp
     }
 
-    /// The phases, in order (see the module doc).
+    /// The phases, in order (see the module doc): each is handed what the
+    /// phases before it established, and hands on what it establishes.
     async fn process(
         &self,
         req: Request<Incoming>,
@@ -362,77 +432,43 @@ impl Proxy {
         // conditional and copy HEADs, DeleteObjects) are boxed: each is a
         // future of several KB, and unboxed they would size (and have
         // hyper move) every request's future.
-        let (head, incoming) = req.into_parts();
+        let (head, body) = req.into_parts();
         if self.peers.is_some() && head.headers.contains_key(peers::PING) {
             (ctx.op, ctx.decision) = ("Ping", "answered");
             return Ok(peers::answer(&head, &self.gate));
         }
-        let query = self.check_head(&head)?;
-        if head.method == http::Method::OPTIONS {
-            return Box::pin(self.preflight(ctx, &head)).await;
-        }
-        if self.anonymous_reads && auth::is_anonymous(&head.headers, &query) {
-            return Box::pin(self.anonymous_read(ctx, &head, query)).await;
-        }
-        let verified = self.authenticate(ctx, &head, &query)?;
-        if let Mode::Owners(_) = self.gate.mode() {
-            ctx.forwarded = to_owner::forwarded_epoch(&head.headers);
-            ctx.relayed = head.headers.contains_key(to_owner::RELAYED);
-        }
-        let op = self.classify(ctx, &head, &query)?;
-        ctx.etag_is_md5 = op.op == Op::PutObject && in_doubt::etag_is_md5(&head.headers);
-        self.authorize(&verified, &op, &query)?;
-        let versioned = query::has_query_param(&query, "versionId");
-        let conditions = Conditions::of_request(&head.headers, op.op, versioned)?;
-        let token = self.token(ctx, &head, &query, &verified, &op).await?;
-        let route = self.route(ctx, &head, incoming, &op, conditions.is_none());
-        let (fenced, incoming) = match route.await? {
-            Route::Here(fenced, incoming) => (fenced, incoming),
-            Route::Owner(answer) => return Ok(answer),
+        // Phases 1 to 4 (`head.rs`).
+        let signed = match self.head_phases(ctx, &head)? {
+            Signing::Signed(signed) => signed,
+            Signing::Preflight => return Box::pin(self.preflight(ctx, &head)).await,
+            Signing::Anonymous(query) => {
+                return Box::pin(self.anonymous_read(ctx, &head, query)).await;
+            }
         };
-        let holder = self.holder(fenced.resource.is_some());
-        let hold = match (fenced.hold.clone(), &conditions) {
-            (Some(hold), _) => hold,
-            (None, c) => match self.hold_at_once(&op, c.as_ref(), holder) {
-                Some(hold) => hold,
-                None => Box::pin(self.hold_object(&head.headers, &op, c.as_ref(), holder)).await?,
-            },
+        // Phase 5: the token, handed on from here (the log line says it).
+        let token = self.token(&head, &signed).await?;
+        ctx.token = token;
+        // Phase 6: served here, or by the owner.
+        let (fenced, body) = match self.route(ctx, &head, body, &signed, token).await? {
+            Route::Here(fenced, body) => (fenced, body),
+            Route::AtOwner(answer) => return Ok(answer),
         };
-        let record = self.record_write(&op, &fenced, &hold, conditions.as_ref(), &head.headers);
-        let admitted = Admitted {
-            verified,
-            op,
-            query,
-            fenced,
-            hold,
-            record,
-        };
-        let mut out = self.upstream_request(&head, &admitted, incoming)?;
-        let exchange = match self.per_op_needed(&admitted) {
-            false => Exchange::of(&admitted),
-            true => match Box::pin(self.per_op(ctx, &head, &admitted, &mut out)).await? {
+        // Phase 7: the object's hold, then the write's landing slot.
+        let hold = self.hold(&head.headers, &signed, &fenced).await?;
+        let conditions = signed.conditions.as_ref();
+        let record = self.record_write(&signed.op, &fenced, &hold, conditions, &head.headers);
+        let admitted = Admitted::new(signed, fenced, hold, record);
+        // Phase 8: the upstream request, and what its operation adds.
+        let mut out = self.upstream_request(&head, &admitted, body)?;
+        let exchange = match self.nothing_per_op(&admitted) {
+            Some(exchange) => exchange,
+            None => match Box::pin(self.per_op(ctx, &head, &admitted, &mut out)).await? {
                 Prepared::Forward(exchange) => exchange,
                 Prepared::Answered(answer) => return Ok(answer),
             },
         };
-        // A write without a body had its last check in `upstream_request`;
-        // the HEADs above took time, in which a newer token or a lapsed
-        // lease may have come: check again right before it goes.
         if out.body.is_none() {
-            if let Some(p) = &admitted.fenced.permit
-                && !p.body_complete()
-            {
-                let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
-                return Err(S3Error::aborted(p, resource));
-            }
-            if !exchange.hold.body_complete() {
-                return Err(S3Error::lease_lapsed(
-                    ctx.key.as_deref().unwrap_or_default(),
-                ));
-            }
-            for r in &exchange.records {
-                r.whole();
-            }
+            still_stands(&admitted, &exchange)?;
         }
         drop(admitted.fenced.permit);
         drop(admitted.hold);
@@ -444,22 +480,36 @@ impl Proxy {
             refused,
             own_condition,
         } = exchange;
-        let resp = self.forward(out, permits, hold, records).await;
-        let resp = match &own_condition {
-            Some(own) => self.after_own_condition(resp, admitted.op.op, own)?,
-            None => {
-                self.after_other_write(&admitted.op);
-                resp?
-            }
-        };
-        let resp = self
-            .respond(resp, &admitted.op, &admitted.verified, token)
-            .await?;
+        // Phases 9 and 10: the exchange, and the answer to the client.
+        let answer = self.forward(out, permits, hold, records).await;
+        let (op, verified) = (&admitted.op, &admitted.verified);
+        let resp = self.respond(answer, op, verified, admitted.fenced.token, own_condition);
+        let resp = resp.await?;
         match refused.is_empty() {
             true => Ok(resp),
             false => multi_delete::with_refused(resp, &refused).await,
         }
     }
+}
+
+/// A write without a body had its last check in `upstream_request`; the
+/// HEADs after it took time, in which a newer token or a lapsed lease may
+/// have come: it is checked again right before it goes.
+fn still_stands(admitted: &Admitted, exchange: &Exchange) -> Result<(), S3Error> {
+    if let Some(p) = &admitted.fenced.permit
+        && !p.body_complete()
+    {
+        let resource = admitted.fenced.resource.as_deref().unwrap_or_default();
+        return Err(S3Error::aborted(p, resource));
+    }
+    if !exchange.hold.body_complete() {
+        let key = admitted.op.key.as_deref().unwrap_or_default();
+        return Err(S3Error::lease_lapsed(key));
+    }
+    for r in &exchange.records {
+        r.whole();
+    }
+    Ok(())
 }
 
 impl RequestCtx {

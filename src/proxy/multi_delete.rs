@@ -11,7 +11,7 @@
 //! `<Error>` with its code, beside what the backend answered for the rest.
 
 use super::small_body::{Checksum, read_body, read_small_body, send_body};
-use super::{Proxy, RequestCtx};
+use super::{Admitted, Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
 use crate::fence::gate::{Admission, Kind, Permit, Refusal};
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
@@ -20,8 +20,6 @@ use crate::fence::resource::Fencing;
 use crate::s3::conditions::{Conditions, Failed};
 use crate::s3::error::{S3Error, xml_escape};
 use crate::s3::multi_delete::{Delete, MAX_BODY};
-use crate::s3::op::Operation;
-use crate::s3::session::Session;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -35,7 +33,7 @@ const HEADS_AT_ONCE: usize = 8;
 
 /// What fencing a DeleteObjects established.
 pub(super) struct MultiDelete {
-    /// Held until the backend answered.
+    /// Kept until the backend answered.
     pub permits: Vec<Permit>,
     pub hold: ObjectHold,
     /// Keys left out because their conditions did not hold.
@@ -45,9 +43,19 @@ pub(super) struct MultiDelete {
     /// The slots of the keys sent, in the landing record (a remote
     /// backend): whole, since the body goes whole.
     pub records: Vec<Arc<Record>>,
-    /// Cluster mode with owners: the replica (and its epoch) that owns
-    /// the keys' resources, and the body read; the request goes there.
-    pub elsewhere: Option<((String, i64), Bytes)>,
+    /// Cluster mode with owners: the request goes to the replica that
+    /// owns the keys' resources.
+    pub elsewhere: Option<Elsewhere>,
+}
+
+/// A DeleteObjects whose keys' resources another replica owns.
+pub(super) struct Elsewhere {
+    /// The owner, and its epoch.
+    pub owner: (String, i64),
+    /// The resources, as the log line names them.
+    pub resources: String,
+    /// The body read.
+    pub body: Bytes,
 }
 
 /// What [`Proxy::admit_all`] got.
@@ -55,7 +63,7 @@ enum AdmittedAll {
     Here(Vec<Permit>),
     /// The first resource is owned by another replica (its name), at
     /// this epoch.
-    Owner(String, i64),
+    AtOwner(String, i64),
 }
 
 impl Proxy {
@@ -64,12 +72,12 @@ impl Proxy {
     /// the keys whose conditions held in its place.
     pub(super) async fn fence_multi_delete(
         &self,
-        op: &Operation,
-        token: Option<u64>,
-        session: Option<&Session>,
+        admitted: &Admitted<'_>,
         out: &mut Outgoing,
         ctx: &mut RequestCtx,
     ) -> Result<MultiDelete, S3Error> {
+        let (op, token) = (&admitted.op, admitted.fenced.token);
+        let session = admitted.verified.session.as_deref();
         let bucket = op.bucket.as_deref().unwrap_or_default();
         let body = read_body(out, MAX_BODY, "DeleteObjects").await?;
         let mut delete = Delete::parse(&body)?;
@@ -97,49 +105,31 @@ impl Proxy {
             None => Vec::new(),
             Some(first) => {
                 let t = token.ok_or_else(|| S3Error::MissingFencingToken(first.clone()))?;
-                ctx.resource = Some(format!("{first} (+{} more)", resources.len() - 1));
+                let named = format!("{first} (+{} more)", resources.len() - 1);
+                ctx.resource = Some(named.clone());
                 match self.admit_all(&resources, t).await? {
                     AdmittedAll::Here(permits) => permits,
-                    AdmittedAll::Owner(owner, epoch) => {
+                    AdmittedAll::AtOwner(owner, epoch) => {
                         return Ok(MultiDelete {
                             permits: Vec::new(),
                             hold: ObjectHold::none(),
                             refused: Vec::new(),
                             nothing_left: false,
                             records: Vec::new(),
-                            elsewhere: Some(((owner, epoch), body)),
+                            elsewhere: Some(Elsewhere {
+                                owner: (owner, epoch),
+                                resources: named,
+                                body,
+                            }),
                         });
                     }
                 }
             }
         };
         if let Some(first) = resources.iter().next() {
-            self.check_forwarded(ctx, first)?;
+            self.check_forwarded(admitted.via, first)?;
         }
-        // With owners, the holds of fenced keys are this replica's (it owns
-        // their resources now); the others are in etcd. Always in this order.
-        let (mut here, mut shared) = (Vec::new(), Vec::new());
-        for (o, resource) in delete.objects.iter().zip(&fencing) {
-            let mode = match o.conditions {
-                Some(_) => Mode::Alone,
-                None => Mode::Shared,
-            };
-            match self.holder(resource.is_some()) {
-                Holder::Owner => here.push((object_name(bucket, &o.key), mode)),
-                Holder::AnyReplica => shared.push((object_name(bucket, &o.key), mode)),
-            }
-        }
-        let holds = self.gate.holds();
-        let mut hold = holds
-            .hold(here, Holder::Owner)
-            .await
-            .map_err(S3Error::from_hold)?;
-        hold.merge(
-            holds
-                .hold(shared, Holder::AnyReplica)
-                .await
-                .map_err(S3Error::from_hold)?,
-        );
+        let hold = self.hold_keys(bucket, &delete, &fencing).await?;
         let refused = self.judge_keys(bucket, &delete, &out.headers).await?;
         delete
             .objects
@@ -149,20 +139,10 @@ impl Proxy {
             return Err(S3Error::lease_lapsed("one of the keys"));
         }
         let nothing_left = delete.objects.is_empty();
-        let mut records = Vec::new();
-        if !nothing_left {
-            let keys: Vec<(&str, Option<String>)> = delete
-                .objects
-                .iter()
-                .map(|o| match self.resolver.resolve(bucket, &o.key) {
-                    Fencing::Fenced(r) => (o.key.as_str(), Some(r)),
-                    Fencing::Unfenced => (o.key.as_str(), None),
-                })
-                .collect();
-            let keys = keys.iter().map(|(k, r)| (*k, r.as_deref()));
-            records = self.record_keys(bucket, keys, token);
-            send_body(out, Bytes::from(delete.to_xml()), Checksum::Sha256)?;
-        }
+        let records = match nothing_left {
+            true => Vec::new(),
+            false => self.send_keys(bucket, &delete, token, out)?,
+        };
         Ok(MultiDelete {
             permits,
             hold,
@@ -171,6 +151,64 @@ impl Proxy {
             records,
             elsewhere: None,
         })
+    }
+
+    /// The keys left in `delete`, each given its slot in the landing
+    /// record, then sent as the body of `out`.
+    fn send_keys(
+        &self,
+        bucket: &str,
+        delete: &Delete,
+        token: Option<u64>,
+        out: &mut Outgoing,
+    ) -> Result<Vec<Arc<Record>>, S3Error> {
+        let keys: Vec<(&str, Option<String>)> = delete
+            .objects
+            .iter()
+            .map(|o| match self.resolver.resolve(bucket, &o.key) {
+                Fencing::Fenced(r) => (o.key.as_str(), Some(r)),
+                Fencing::Unfenced => (o.key.as_str(), None),
+            })
+            .collect();
+        let keys = keys.iter().map(|(k, r)| (*k, r.as_deref()));
+        let records = self.record_keys(bucket, keys, token);
+        send_body(out, Bytes::from(delete.to_xml()), Checksum::Sha256)?;
+        Ok(records)
+    }
+
+    /// Every key of `delete` held (alone when it has conditions), `fencing`
+    /// saying which are fenced. With owners, the holds of fenced keys are
+    /// this replica's (it owns their resources now); the others are in
+    /// etcd. Always in this order.
+    async fn hold_keys(
+        &self,
+        bucket: &str,
+        delete: &Delete,
+        fencing: &[Option<String>],
+    ) -> Result<ObjectHold, S3Error> {
+        let (mut here, mut shared) = (Vec::new(), Vec::new());
+        for (o, resource) in delete.objects.iter().zip(fencing) {
+            let mode = match o.conditions {
+                Some(_) => Mode::Alone,
+                None => Mode::Shared,
+            };
+            match self.holder(resource.is_some()) {
+                Holder::ThisOwner => here.push((object_name(bucket, &o.key), mode)),
+                Holder::AnyReplica => shared.push((object_name(bucket, &o.key), mode)),
+            }
+        }
+        let holds = self.gate.holds();
+        let mut hold = holds
+            .hold(here, Holder::ThisOwner)
+            .await
+            .map_err(S3Error::from_hold)?;
+        hold.merge(
+            holds
+                .hold(shared, Holder::AnyReplica)
+                .await
+                .map_err(S3Error::from_hold)?,
+        );
+        Ok(hold)
     }
 
     /// The keys of `delete` whose conditions do not hold, each read with a
@@ -222,10 +260,10 @@ impl Proxy {
                 Ok(Admission::Here(p)) => permits.extend(p),
                 // With owners: the whole request goes to the owner of the
                 // first resource, which admits the others or refuses.
-                Ok(Admission::Owner(owner, epoch)) if permits.is_empty() => {
-                    return Ok(AdmittedAll::Owner(owner, epoch));
+                Ok(Admission::AtOwner(owner, epoch)) if permits.is_empty() => {
+                    return Ok(AdmittedAll::AtOwner(owner, epoch));
                 }
-                Ok(Admission::Owner(owner, _)) => {
+                Ok(Admission::AtOwner(owner, _)) => {
                     return Err(S3Error::SlowDown(format!(
                         "{r} is owned by replica {owner}, and other keys' resources by this one: \
                          send the keys of each resource in a request of its own"

@@ -1,22 +1,25 @@
 //! Phase 8, the upstream request: which headers the backend gets (token
 //! stamped, fencegate's own parameters removed) and the body pipeline for
-//! each payload form (verify, hold back the last frame, re-encode).
+//! each payload form (verify, check its MD5 against the writes in doubt,
+//! hold back the last frame, re-encode).
 
-use super::in_doubt::md5_guarded;
 use super::route::RequestBody;
 use super::{Admitted, Proxy, UPSTREAM_CHUNK, is_presign_param};
 use crate::fence::body_gate::{Stop, body_gate};
+use crate::fence::gate::Permit;
 use crate::s3::auth::{Payload, Verified};
 use crate::s3::body;
-use crate::s3::chunked::{self, ChunkedSpec};
+use crate::s3::chunked::{self, ChunkedSpec, FrameStream};
 use crate::s3::error::S3Error;
 use crate::s3::headers::{
     X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER, number_value,
 };
 use crate::s3::{query, range};
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
+use futures_util::StreamExt;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
+use md5::{Digest, Md5};
 
 /// Header values fencegate builds: a failure is a request it cannot forward.
 fn header_value(s: &str) -> Result<HeaderValue, S3Error> {
@@ -272,4 +275,45 @@ fn rechunk_with_trailers(
         r.map(http_body::Frame::data)
     })));
     Ok(out)
+}
+
+/// `frames` whose MD5 must be none of `guards` (the ETags writes in doubt
+/// on its object expect, `Permit::guards`): the stream ends with an error
+/// instead of its end if it is one, so that the body gate never lets its
+/// last bytes go.
+fn md5_guarded(frames: FrameStream, permit: Option<&Permit>) -> FrameStream {
+    let Some(guards) = permit.map(Permit::guards).filter(|g| !g.is_empty()) else {
+        return frames;
+    };
+    let guards: Vec<Box<str>> = guards.to_vec();
+    let mut md5 = Some(Md5::new());
+    let mut frames = frames;
+    Box::pin(futures_util::stream::poll_fn(move |cx| {
+        let next = std::task::ready!(frames.poll_next_unpin(cx));
+        let Some(hasher) = md5.as_mut() else {
+            return std::task::Poll::Ready(next);
+        };
+        match next {
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    hasher.update(d);
+                }
+                std::task::Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => std::task::Poll::Ready(Some(Err(e))),
+            None => {
+                let digest = hex::encode(md5.take().expect("taken once").finalize());
+                let Some(etag) = guards.iter().find(|g| g.eq_ignore_ascii_case(&digest)) else {
+                    return std::task::Poll::Ready(None);
+                };
+                std::task::Poll::Ready(Some(Err(S3Error::SlowDown(format!(
+                    "this write would give its object back the ETag {etag}, which an earlier \
+                     write whose outcome is unknown (its answer was lost, or fencegate \
+                     restarted while it was in flight) expects: that write could then land \
+                     after this one. Nothing was done; it goes once that write's quarantine \
+                     is over"
+                )))))
+            }
+        }
+    }))
 }

@@ -4,12 +4,12 @@
 //! (`copy.rs`), CreateBucket's location as the backend's region
 //! (`small_body.rs`), and DeleteObjects' keys fenced and held one by one
 //! (`multi_delete.rs`), which may send it to their owner or answer it here.
-//! What the exchange then holds (its permits and object holds) leaves here
+//! What the exchange then keeps (its permits and object holds) leaves here
 //! as one [`Exchange`].
 
+use super::to_owner::Toward;
 use super::{Admitted, Proxy, RequestCtx, multi_delete};
 use crate::body::ProxyBody;
-use crate::config::ConditionalWrites;
 use crate::fence::gate::Permit;
 use crate::fence::hold::ObjectHold;
 use crate::fence::landing::Record;
@@ -20,8 +20,9 @@ use crate::upstream::client::Outgoing;
 use http::Response;
 use http::request::Parts;
 use std::sync::Arc;
+use tokio::time::Instant;
 
-/// What a request holds while its exchange runs, and DeleteObjects' keys
+/// What a request keeps while its exchange runs, and DeleteObjects' keys
 /// refused here (merged into the backend's answer).
 pub(super) struct Exchange {
     pub permits: Vec<Arc<Permit>>,
@@ -32,13 +33,13 @@ pub(super) struct Exchange {
     /// The object, and the owner's epoch (0 on a single node), when the
     /// write goes with a condition of fencegate's own
     /// (`fence.conditional_writes`): its answer says what the object is
-    /// now (`conditional.rs`, `after_own_condition`).
+    /// now (`respond.rs`, `after_own_condition`).
     pub own_condition: Option<(String, i64)>,
 }
 
 impl Exchange {
     /// The request's own admission and hold, as phases 6 and 7 left them.
-    pub(super) fn of(admitted: &Admitted) -> Exchange {
+    fn of(admitted: &Admitted) -> Exchange {
         Exchange {
             permits: admitted.fenced.permit.iter().cloned().collect(),
             hold: admitted.hold.clone(),
@@ -51,7 +52,7 @@ impl Exchange {
 
 /// The outcome of the second part of phase 8.
 pub(super) enum Prepared {
-    /// To the backend, holding this.
+    /// To the backend, keeping this.
     Forward(Exchange),
     /// Answered without the backend here: by the keys' owner, or every
     /// key refused.
@@ -59,35 +60,16 @@ pub(super) enum Prepared {
 }
 
 impl Proxy {
-    /// Whether the second part of phase 8 has anything to do for this request (most have
-    /// nothing, and skip its future).
-    pub(super) fn per_op_needed(&self, admitted: &Admitted) -> bool {
-        match admitted.op.op {
+    /// Phase 8's second part for a request it adds nothing to (most): its
+    /// exchange at once, with no future. `None`: the request takes
+    /// [`Proxy::per_op`].
+    pub(super) fn nothing_per_op(&self, admitted: &Admitted) -> Option<Exchange> {
+        let needed = match admitted.op.op {
             Op::CopyObject => self.held_on_backend(admitted) || admitted.fenced.token.is_some(),
             Op::CreateBucket | Op::DeleteObjects => true,
             _ => self.held_on_backend(admitted),
-        }
-    }
-
-    /// The operations that `fence.conditional_writes` sends with a
-    /// condition on their object as admitted. The gate's
-    /// [`Kind::Conditioned`](crate::fence::gate::Kind) is chosen by the
-    /// same rule (`admit_here.rs`).
-    pub(super) fn conditions_on_backend(&self, op: Op) -> bool {
-        let per_object = matches!(
-            op,
-            Op::PutObject | Op::CopyObject | Op::CompleteMultipartUpload
-        );
-        per_object
-            && match self.conditional_writes {
-                ConditionalWrites::On => true,
-                ConditionalWrites::Off => false,
-                // A remote backend (the embedded store's writes die with
-                // the process, and it honours conditions anyway).
-                ConditionalWrites::Auto => {
-                    self.gate.doubts().landing().is_some() && self.probe.honours_writes()
-                }
-            }
+        };
+        (!needed).then(|| Exchange::of(admitted))
     }
 
     /// Whether a write's condition is made to hold on the backend too
@@ -164,21 +146,23 @@ impl Proxy {
         out: &mut Outgoing,
         mut exchange: Exchange,
     ) -> Result<Prepared, S3Error> {
-        let session = admitted.verified.session.as_deref();
-        let token = admitted.fenced.token;
-        let multi = self
-            .fence_multi_delete(&admitted.op, token, session, out, ctx)
-            .await?;
-        if let Some((owner, body)) = multi.elsewhere {
+        let multi = self.fence_multi_delete(admitted, out, ctx).await?;
+        if let Some(elsewhere) = multi.elsewhere {
             if admitted.verified.payload.is_chunked() {
                 return Err(S3Error::SlowDown(format!(
                     "the keys' resources are owned by replica {}; an aws-chunked \
                      DeleteObjects is not forwarded: send it there",
-                    owner.0
+                    elsewhere.owner.0
                 )));
             }
-            let answer = self.multi_delete_to_owner(ctx, head, owner, body).await?;
-            return Ok(Prepared::Answered(answer));
+            let toward = Toward {
+                owner: elsewhere.owner,
+                resource: &elsewhere.resources,
+                via: admitted.via,
+                deadline: Instant::now() + self.gate.wait_bound(),
+            };
+            let answer = self.multi_delete_to_owner(ctx, head, toward, elsewhere.body);
+            return Ok(Prepared::Answered(answer.await?));
         }
         exchange
             .permits

@@ -16,7 +16,7 @@
 use super::{Proxy, RequestCtx, read_small_body};
 use crate::body::ProxyBody;
 use crate::s3::error::S3Error;
-use crate::s3::op::Access;
+use crate::s3::op::Effect;
 use crate::s3::query::{self, Param};
 use crate::upstream::client::{
     Outgoing, UpstreamPayload, clean_response_headers, forwarded_headers,
@@ -70,8 +70,8 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, S3Error> {
         let op = self.classify(ctx, head, &query)?;
         let reads = matches!(
-            op.access(),
-            Access::Service | Access::BucketRead | Access::ObjectRead
+            op.effect(),
+            Effect::Service | Effect::BucketRead | Effect::ObjectRead
         );
         if !(reads && matches!(head.method, Method::GET | Method::HEAD)) {
             return Err(S3Error::AccessDenied(

@@ -7,12 +7,11 @@
 //! resource is taken here (its owner gone) or the wait runs out; a client
 //! request is sent at most [`MAX_SENDS`] times.
 
-use super::to_owner::{ClientBody, Sent};
-use super::{Fenced, Proxy, RequestCtx};
+use super::to_owner::{ClientBody, Sent, Toward, Via};
+use super::{Fenced, Proxy, RequestCtx, Signed};
 use crate::body::ProxyBody;
 use crate::fence::gate::Mode;
 use crate::s3::error::S3Error;
-use crate::s3::op::Operation;
 use crate::upstream::pool::UpstreamBody;
 use bytes::Bytes;
 use http::Response;
@@ -47,7 +46,7 @@ pub(super) enum Route {
     /// Here: admitted (or not fenced), the client's body still to send.
     Here(Fenced, RequestBody),
     /// By the resource's owner, another replica, which answered.
-    Owner(Response<ProxyBody>),
+    AtOwner(Response<ProxyBody>),
 }
 
 /// The most times one client request is sent to owners; past it the
@@ -89,18 +88,18 @@ impl Proxy {
         ctx: &mut RequestCtx,
         head: &Parts,
         body: Incoming,
-        op: &Operation,
-        unconditional: bool,
+        signed: &Signed<'_>,
+        token: Option<u64>,
     ) -> Result<Route, S3Error> {
-        let mut fenced = match self.admit_here(ctx, op, ctx.token, unconditional).await {
+        let mut fenced = match self.admit_here(ctx, head, signed, token).await {
             Ok(fenced) => fenced,
             Err(e) => {
-                let Some(peer) = self.relay_to(ctx, &e) else {
+                let Some(peer) = self.relay_to(signed.via, &e) else {
                     return Err(e);
                 };
                 return Box::pin(self.relay(ctx, head, body, peer, e))
                     .await
-                    .map(Route::Owner);
+                    .map(Route::AtOwner);
             }
         };
         if fenced.owner.is_none() {
@@ -115,8 +114,9 @@ impl Proxy {
             // again until etcd names another owner or epoch.
             let mut moved_at: Option<(String, i64)> = None;
             let mut wait = MOVED_WAIT;
+            let mut sends = 0;
             while let Some(owner) = fenced.owner.take() {
-                let resource = ctx.resource.clone().unwrap_or_default();
+                let resource = fenced.resource.clone().unwrap_or_default();
                 if moved_at.as_ref() == Some(&owner) {
                     if Instant::now() + wait >= deadline {
                         return Err(still_moved(&resource, &owner.0));
@@ -124,22 +124,27 @@ impl Proxy {
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(MOVED_WAIT_MAX);
                     self.gate.forget_owner(&resource);
-                } else if ctx.forward_sends >= MAX_SENDS {
+                } else if sends >= MAX_SENDS {
                     return Err(S3Error::SlowDown(format!(
                         "the owner of {resource} moved {MAX_SENDS} times while this request \
                          was forwarded; nothing was done"
                     )));
                 } else {
-                    match self
-                        .to_owner(ctx, head, body, owner.clone(), deadline)
-                        .await?
-                    {
-                        Sent::Answered(resp) => return Ok(Route::Owner(resp)),
+                    let toward = Toward {
+                        owner: owner.clone(),
+                        resource: &resource,
+                        via: signed.via,
+                        deadline,
+                    };
+                    let sent = self.to_owner(ctx, head, body, toward, &mut sends).await;
+                    ctx.forward_sends = sends;
+                    match sent? {
+                        Sent::Answered(resp) => return Ok(Route::AtOwner(resp)),
                         Sent::Unreached(b) => body = b,
                         Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
                     }
                 }
-                fenced = self.admit_here(ctx, op, ctx.token, unconditional).await?;
+                fenced = self.admit_here(ctx, head, signed, token).await?;
             }
             Ok(Route::Here(fenced, body))
         })
@@ -170,11 +175,11 @@ impl Proxy {
     /// Where a request this replica cannot admit goes instead: to a peer,
     /// when this replica is cut off from etcd (its lease not fresh) and
     /// the request came from a client, not from another replica.
-    fn relay_to(&self, ctx: &RequestCtx, e: &S3Error) -> Option<String> {
+    fn relay_to(&self, via: Via, e: &S3Error) -> Option<String> {
         let Mode::Owners(c) = self.gate.mode() else {
             return None;
         };
-        let from_client = ctx.forwarded.is_none() && !ctx.relayed;
+        let from_client = via.forwarded.is_none() && !via.relayed;
         let unavailable = matches!(e, S3Error::ServiceUnavailable(_));
         if !from_client || !unavailable || c.not_ready().is_none() {
             return None;

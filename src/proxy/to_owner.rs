@@ -30,10 +30,10 @@
 //! flight there: `502` (the owner may have had the whole request, so its
 //! outcome is unknown), or `503` when nothing was sent.
 
+use super::peers::Peer;
 use super::{Proxy, RequestCtx};
 use crate::body::ProxyBody;
 use crate::fence::gate::Mode;
-use crate::fence::hold::Holder;
 use crate::metric_names as m;
 use crate::s3::error::{MOVED, S3Error};
 use crate::upstream::pool::UpstreamBody;
@@ -42,6 +42,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -51,6 +52,35 @@ pub const FORWARDED: &str = "x-fencegate-forwarded";
 /// The header a request relayed by a replica cut off from etcd carries
 /// (its name): the peer serves it as its own, but never relays it again.
 pub const RELAYED: &str = "x-fencegate-relayed";
+
+/// How a request came: from a client, or from another replica (cluster
+/// mode with owners; read from the head, `head.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Via {
+    /// Forwarded by a replica: the owner's epoch it saw ([`FORWARDED`]).
+    pub forwarded: Option<i64>,
+    /// Relayed by a replica cut off from etcd ([`RELAYED`]).
+    pub relayed: bool,
+}
+
+impl Via {
+    pub(super) fn of(headers: &http::HeaderMap) -> Via {
+        Via {
+            forwarded: forwarded_epoch(headers),
+            relayed: headers.contains_key(RELAYED),
+        }
+    }
+}
+
+/// A request on its way to the owner of its resource.
+pub(super) struct Toward<'a> {
+    /// The owner, and its epoch.
+    pub owner: (String, i64),
+    pub resource: &'a str,
+    pub via: Via,
+    /// When the admission wait runs out.
+    pub deadline: Instant,
+}
 
 /// What became of a request sent towards its owner.
 pub(super) enum Sent<B> {
@@ -106,12 +136,14 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        owner: (String, i64),
+        toward: Toward<'_>,
         body: Bytes,
     ) -> Result<Response<ProxyBody>, S3Error> {
-        let deadline = Instant::now() + self.gate.wait_bound();
-        let name = owner.0.clone();
-        match self.to_owner(ctx, head, body, owner, deadline).await? {
+        let name = toward.owner.0.clone();
+        let mut sends = 0;
+        let sent = self.to_owner(ctx, head, body, toward, &mut sends).await;
+        ctx.forward_sends = sends;
+        match sent? {
             Sent::Answered(resp) => Ok(resp),
             Sent::Unreached(_) | Sent::Moved(_) => Err(S3Error::SlowDown(format!(
                 "the keys' resources are owned by replica {name}, which cannot be reached"
@@ -119,21 +151,22 @@ impl Proxy {
         }
     }
 
-    /// Sends the request to `owner`, which owns its resource.
+    /// Sends the request toward the owner of its resource; `sends` counts
+    /// it when it went.
     pub(super) async fn to_owner<B: ClientBody>(
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
         body: B,
-        (owner, epoch): (String, i64),
-        deadline: Instant,
+        toward: Toward<'_>,
+        sends: &mut u32,
     ) -> Result<Sent<B>, S3Error> {
-        let owner = owner.as_str();
-        let resource = ctx.resource.clone().unwrap_or_default();
-        if ctx.forwarded.is_some() {
-            return Err(moved(&resource));
+        let (owner, epoch) = (toward.owner.0.as_str(), toward.owner.1);
+        let (resource, deadline) = (toward.resource, toward.deadline);
+        if toward.via.forwarded.is_some() {
+            return Err(moved(resource));
         }
-        let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
+        let Mode::Owners(c) = self.gate.mode() else {
             return Err(S3Error::Internal("forwarding outside cluster mode".into()));
         };
         let unreached = |why: String| {
@@ -141,21 +174,9 @@ impl Proxy {
                 "{resource} is owned by replica {owner}, which cannot be reached: {why}"
             ))
         };
-        let url = c
-            .address_of(owner)
-            .await
-            .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?;
-        let Some(url) = url else {
-            // Its lease is gone, or going: the resource is free soon.
-            self.gate.forget_owner(&resource);
+        let Some(peer) = self.owner_peer(owner, resource).await? else {
             return pause(body, deadline, || unreached("its lease has ended".into())).await;
         };
-        let peer = peers.get(&url)?;
-        if let Some(why) = peer.down() {
-            return Err(S3Error::SlowDown(format!(
-                "replica {owner}, which owns {resource}, {why}; nothing was done"
-            )));
-        }
         let mut forward = peer.forward();
         let replay = body.replay();
         let mut body = Some(body);
@@ -170,24 +191,24 @@ impl Proxy {
         let was_sent = || built.load(std::sync::atomic::Ordering::Relaxed);
         let sent = tokio::select! {
             sent = peer.pool.send_when_connected(build) => sent,
-            () = c.gone(owner) => return Err(given_up(was_sent(), self.gone(&resource, owner))),
+            () = c.gone(owner) => return Err(given_up(was_sent(), self.gone(resource, owner))),
             why = forward.unanswered() => {
-                self.gate.forget_owner(&resource);
+                self.gate.forget_owner(resource);
                 let why = format!("replica {owner}, which owns {resource}, {why}");
                 return Err(given_up(was_sent(), why));
             }
         };
         if was_sent() {
-            ctx.forward_sends += 1;
+            *sends += 1;
         }
         match sent {
             Ok(resp) => {
-                self.owner_answered(ctx, &resource, resp, replay, deadline)
+                self.owner_answered(ctx, resource, resp, replay, deadline)
                     .await
             }
             Err((e, false)) => {
                 c.forget_address(owner);
-                self.gate.forget_owner(&resource);
+                self.gate.forget_owner(resource);
                 let body = body.take().expect("not built");
                 pause(body, deadline, || unreached(e.to_string())).await
             }
@@ -195,12 +216,35 @@ impl Proxy {
                 // The exchange broke with the request sent (an owner that
                 // moved refuses before it reads a large body, and closes):
                 // ask afresh next time rather than meet the same end.
-                self.gate.forget_owner(&resource);
+                self.gate.forget_owner(resource);
                 Err(S3Error::BadGateway(format!(
                     "replica {owner}, which owns {resource}: {e}"
                 )))
             }
         }
+    }
+
+    /// The connection to replica `owner`, which owns `resource`; `None`
+    /// when its lease is gone, or going (the resource is free soon).
+    async fn owner_peer(&self, owner: &str, resource: &str) -> Result<Option<Arc<Peer>>, S3Error> {
+        let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
+            return Err(S3Error::Internal("forwarding outside cluster mode".into()));
+        };
+        let url = c
+            .address_of(owner)
+            .await
+            .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?;
+        let Some(url) = url else {
+            self.gate.forget_owner(resource);
+            return Ok(None);
+        };
+        let peer = peers.get(&url)?;
+        if let Some(why) = peer.down() {
+            return Err(S3Error::SlowDown(format!(
+                "replica {owner}, which owns {resource}, {why}; nothing was done"
+            )));
+        }
+        Ok(Some(peer))
     }
 
     /// The owner's answer: passed on, or, when it says `Moved` and the
@@ -282,20 +326,10 @@ impl Proxy {
 
     /// A forwarded request is admitted only by the owner's tenure it was
     /// sent to: refused when `resource` is not owned here at that epoch.
-    pub(super) fn check_forwarded(&self, ctx: &RequestCtx, resource: &str) -> Result<(), S3Error> {
-        match ctx.forwarded {
+    pub(super) fn check_forwarded(&self, via: Via, resource: &str) -> Result<(), S3Error> {
+        match via.forwarded {
             Some(epoch) if self.gate.owner_epoch(resource) != Some(epoch) => Err(moved(resource)),
             _ => Ok(()),
-        }
-    }
-
-    /// Whose a write's hold on its object is: with owners, every write to
-    /// an object of a fenced resource reaches the resource's owner, which
-    /// is this replica (it got this far), so the hold is the owner's.
-    pub(super) fn holder(&self, fenced: bool) -> Holder {
-        match matches!(self.gate.mode(), Mode::Owners(_)) && fenced {
-            true => Holder::Owner,
-            false => Holder::AnyReplica,
         }
     }
 
@@ -338,7 +372,7 @@ fn outgoing(
 }
 
 /// The epoch a forwarded request was sent under, from [`FORWARDED`].
-pub(super) fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
+fn forwarded_epoch(headers: &http::HeaderMap) -> Option<i64> {
     let v = headers.get(FORWARDED)?.to_str().ok()?;
     // A header that does not parse never matches an epoch.
     Some(v.rsplit(' ').next()?.parse().unwrap_or(-1))

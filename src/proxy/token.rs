@@ -2,11 +2,8 @@
 //! carrier its signature covers, from its session credential, or
 //! inherited from the multipart upload it belongs to.
 
-use super::{Proxy, RequestCtx, upload_key};
-use crate::s3::auth::Verified;
+use super::{Proxy, Signed, upload_key};
 use crate::s3::error::S3Error;
-use crate::s3::op::Operation;
-use crate::s3::query::Param;
 use http::request::Parts;
 
 impl Proxy {
@@ -15,12 +12,10 @@ impl Proxy {
     /// it belongs to.
     pub(super) async fn token(
         &self,
-        ctx: &mut RequestCtx,
         head: &Parts,
-        query: &[Param<'_>],
-        verified: &Verified,
-        op: &Operation,
+        signed: &Signed<'_>,
     ) -> Result<Option<u64>, S3Error> {
+        let (query, verified, op) = (&signed.query, &signed.verified, &signed.op);
         // An unsigned token header is never used where a signature is
         // required of it: it is ignored beside a signed carrier (rclone
         // sends both), and refused alone (anyone holding a presigned URL
@@ -75,7 +70,6 @@ impl Proxy {
                 .map_err(|e| S3Error::ServiceUnavailable(e.to_string()))?,
             None => token,
         };
-        ctx.token = token;
         Ok(token)
     }
 }

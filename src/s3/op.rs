@@ -1,8 +1,8 @@
 //! Classifies a request into an S3 operation, its bucket and key, and what
-//! kind of access it is: which ones are fenced writes is CONTRACT §2 (see
-//! docs/contract.md). Each operation is a variant of [`Op`], so a misspelt
-//! operation does not compile, and what each one means for fencing is one
-//! table of `match`es below.
+//! it does to them (its [`Effect`]): which ones are fenced writes is
+//! CONTRACT §2 (see docs/contract.md). Each operation is a variant of
+//! [`Op`], so a misspelt operation does not compile, and what each one
+//! means for fencing is one table of `match`es below.
 
 use super::error::S3Error;
 use super::headers::X_AMZ_COPY_SOURCE;
@@ -12,7 +12,7 @@ use http::{HeaderMap, Method};
 
 /// What a request does, as far as fencing and permissions are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub enum Effect {
     /// ListBuckets and other service-level reads.
     Service,
     /// Bucket reads: List*, GetBucket*, HeadBucket.
@@ -109,18 +109,18 @@ impl Op {
         }
     }
 
-    pub fn access(self) -> Access {
+    pub fn effect(self) -> Effect {
         use Op::*;
         match self {
-            ListBuckets => Access::Service,
+            ListBuckets => Effect::Service,
             ListObjects | ListObjectsV2 | ListObjectVersions | ListMultipartUploads
-            | HeadBucket | GetBucketConfig => Access::BucketRead,
+            | HeadBucket | GetBucketConfig => Effect::BucketRead,
             CreateBucket | PutBucketConfig | DeleteBucket | DeleteBucketConfig => {
-                Access::BucketWrite
+                Effect::BucketWrite
             }
-            DeleteObjects => Access::MultiDelete,
+            DeleteObjects => Effect::MultiDelete,
             GetObject | HeadObject | GetObjectTagging | GetObjectAcl | ListParts
-            | SelectObjectContent => Access::ObjectRead,
+            | SelectObjectContent => Effect::ObjectRead,
             PutObject
             | CopyObject
             | UploadPart
@@ -134,7 +134,7 @@ impl Op {
             | AbortMultipartUpload
             | RestoreObject
             | DeleteObjectTagging
-            | DeleteObject => Access::ObjectWrite,
+            | DeleteObject => Effect::ObjectWrite,
         }
     }
 
@@ -213,8 +213,8 @@ pub struct Operation {
 }
 
 impl Operation {
-    pub fn access(&self) -> Access {
-        self.op.access()
+    pub fn effect(&self) -> Effect {
+        self.op.effect()
     }
 }
 
@@ -325,8 +325,8 @@ mod tests {
         classify(&method, b, k, &q, &h).unwrap()
     }
 
-    /// One row: method, path, query, copy header → operation and access.
-    type Row<'a> = (Method, &'a str, &'a [(&'a str, &'a str)], bool, Op, Access);
+    /// One row: method, path, query, copy header → operation and effect.
+    type Row<'a> = (Method, &'a str, &'a [(&'a str, &'a str)], bool, Op, Effect);
 
     /// (method, path, query, copy header) → operation, as a table.
     #[test]
@@ -340,7 +340,7 @@ mod tests {
                 &[],
                 false,
                 Op::PutObject,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -348,7 +348,7 @@ mod tests {
                 &[],
                 true,
                 Op::CopyObject,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -356,7 +356,7 @@ mod tests {
                 part,
                 false,
                 Op::UploadPart,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -364,7 +364,7 @@ mod tests {
                 part,
                 true,
                 Op::UploadPartCopy,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::POST,
@@ -372,7 +372,7 @@ mod tests {
                 &[("uploads", "")],
                 false,
                 Op::CreateMultipartUpload,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::POST,
@@ -380,7 +380,7 @@ mod tests {
                 &[("uploadId", "u")],
                 false,
                 Op::CompleteMultipartUpload,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::DELETE,
@@ -388,7 +388,7 @@ mod tests {
                 &[("uploadId", "u")],
                 false,
                 Op::AbortMultipartUpload,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::DELETE,
@@ -396,7 +396,7 @@ mod tests {
                 &[],
                 false,
                 Op::DeleteObject,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -404,7 +404,7 @@ mod tests {
                 &[("tagging", "")],
                 false,
                 Op::PutObjectTagging,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::DELETE,
@@ -412,7 +412,7 @@ mod tests {
                 &[("tagging", "")],
                 false,
                 Op::DeleteObjectTagging,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -420,7 +420,7 @@ mod tests {
                 &[("acl", "")],
                 false,
                 Op::PutObjectAcl,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -428,7 +428,7 @@ mod tests {
                 &[("retention", "")],
                 false,
                 Op::PutObjectRetention,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -436,7 +436,7 @@ mod tests {
                 &[("legal-hold", "")],
                 false,
                 Op::PutObjectLegalHold,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::PUT,
@@ -444,7 +444,7 @@ mod tests {
                 &[("uploadId", "u")],
                 false,
                 Op::PutObject,
-                Access::ObjectWrite,
+                Effect::ObjectWrite,
             ),
             (
                 M::GET,
@@ -452,7 +452,7 @@ mod tests {
                 &[],
                 false,
                 Op::GetObject,
-                Access::ObjectRead,
+                Effect::ObjectRead,
             ),
             (
                 M::HEAD,
@@ -460,7 +460,7 @@ mod tests {
                 &[],
                 false,
                 Op::HeadObject,
-                Access::ObjectRead,
+                Effect::ObjectRead,
             ),
             (
                 M::GET,
@@ -468,7 +468,7 @@ mod tests {
                 &[("uploadId", "u")],
                 false,
                 Op::ListParts,
-                Access::ObjectRead,
+                Effect::ObjectRead,
             ),
             (
                 M::GET,
@@ -476,7 +476,7 @@ mod tests {
                 &[("list-type", "2")],
                 false,
                 Op::ListObjectsV2,
-                Access::BucketRead,
+                Effect::BucketRead,
             ),
             (
                 M::GET,
@@ -484,7 +484,7 @@ mod tests {
                 &[],
                 false,
                 Op::ListObjects,
-                Access::BucketRead,
+                Effect::BucketRead,
             ),
             (
                 M::PUT,
@@ -492,7 +492,7 @@ mod tests {
                 &[],
                 false,
                 Op::CreateBucket,
-                Access::BucketWrite,
+                Effect::BucketWrite,
             ),
             (
                 M::PUT,
@@ -500,7 +500,7 @@ mod tests {
                 &[("lifecycle", "")],
                 false,
                 Op::PutBucketConfig,
-                Access::BucketWrite,
+                Effect::BucketWrite,
             ),
             (
                 M::DELETE,
@@ -508,7 +508,7 @@ mod tests {
                 &[],
                 false,
                 Op::DeleteBucket,
-                Access::BucketWrite,
+                Effect::BucketWrite,
             ),
             (
                 M::POST,
@@ -516,13 +516,13 @@ mod tests {
                 &[("delete", "")],
                 false,
                 Op::DeleteObjects,
-                Access::MultiDelete,
+                Effect::MultiDelete,
             ),
-            (M::GET, "/", &[], false, Op::ListBuckets, Access::Service),
+            (M::GET, "/", &[], false, Op::ListBuckets, Effect::Service),
         ];
-        for (m, path, q, copy, op, access) in table {
+        for (m, path, q, copy, op, effect) in table {
             let o = classify_path(m.clone(), path, q, *copy);
-            assert_eq!((o.op, o.access()), (*op, *access), "{m} {path} {q:?}");
+            assert_eq!((o.op, o.effect()), (*op, *effect), "{m} {path} {q:?}");
         }
     }
 

@@ -168,8 +168,8 @@ impl Session {
     }
 }
 
-/// A credential as issued, in the names AWS STS uses.
-pub struct Issued {
+/// A session credential as issued, in the names AWS STS uses.
+pub struct SessionCredential {
     pub access_key_id: String,
     pub secret_access_key: String,
     pub session_token: String,
@@ -246,7 +246,13 @@ impl SessionKeys {
 
     /// A credential for `session`'s token, lock, scope and expiry (its
     /// access key id is made here).
-    pub fn issue(&self, token: u64, lock: &str, scope: Vec<Scope>, expires: u64) -> Issued {
+    pub fn issue(
+        &self,
+        token: u64,
+        lock: &str,
+        scope: Vec<Scope>,
+        expires: u64,
+    ) -> SessionCredential {
         let key = &self.keys[0];
         let suffix: String = (0..17)
             .map(|_| {
@@ -263,7 +269,7 @@ impl SessionKeys {
         let body = serde_json::to_vec(&session).expect("a session serialises");
         let signed = format!("{TOKEN_PREFIX}.{}.{}", key.id, B64.encode(body));
         let mac = mac(&key.key, &signed);
-        Issued {
+        SessionCredential {
             access_key_id: session.access_key_id.clone(),
             secret_access_key: secret(&key.key, &mac),
             session_token: format!("{signed}.{}", B64.encode(mac)),
@@ -317,7 +323,7 @@ impl SessionKeys {
 /// every replica must verify what any replica issued).
 pub fn keys_from_config(cfg: &crate::config::Config) -> Result<Option<SessionKeys>, String> {
     let s = &cfg.sessions;
-    match (&s.key_file, &cfg.cluster) {
+    match (&s.session_key_file, &cfg.cluster) {
         (Some(current), _) => {
             let files: Vec<&Path> = std::iter::once(current.as_path())
                 .chain(s.previous_key_files.iter().map(|p| p.as_path()))
@@ -333,13 +339,13 @@ pub fn keys_from_config(cfg: &crate::config::Config) -> Result<Option<SessionKey
 }
 
 /// Issues credentials at the admin API: the keys and the lifetimes allowed.
-pub struct Issuer {
+pub struct SessionIssuer {
     pub keys: std::sync::Arc<SessionKeys>,
     pub max_ttl_secs: u64,
     pub default_ttl_secs: u64,
 }
 
-impl Issuer {
+impl SessionIssuer {
     /// A credential for `token` from `lock`, over `scope` (every bucket
     /// when empty), for `ttl_secs` (the default when none) from `now`.
     pub fn issue(
@@ -349,7 +355,7 @@ impl Issuer {
         scope: &[String],
         ttl_secs: Option<u64>,
         now: SystemTime,
-    ) -> Result<Issued, String> {
+    ) -> Result<SessionCredential, String> {
         let ttl = ttl_secs.unwrap_or(self.default_ttl_secs);
         if ttl == 0 || ttl > self.max_ttl_secs {
             return Err(format!(

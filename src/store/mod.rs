@@ -50,8 +50,8 @@ mod s3;
 mod save;
 
 use crate::redb_file::DbFile;
-use blobs::{Blobs, FreshBlob, WriteError};
-use commit::{Applied, Committer};
+use blobs::{Blobs, WriteError};
+use commit::Committer;
 use index::{BLOBS, BUCKETS, OBJECTS, PARTS, UPLOADS};
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
@@ -61,10 +61,6 @@ use std::time::{Duration, SystemTime};
 
 /// redb's page cache for the index.
 const INDEX_CACHE: usize = 64 << 20;
-
-/// How long the blob of a failed commit waits for the index to write
-/// again, to be removed if the index does not point at it.
-const SETTLE_WAIT: Duration = Duration::from_secs(600);
 
 /// The embedded store on one directory: `index.redb` and `blobs/`.
 #[derive(Clone)]
@@ -201,104 +197,6 @@ impl Store {
         })
         .await
     }
-
-    /// Applies `f` in the next group commit (see `commit.rs`): its answer
-    /// once durable. A step that points at a new blob goes through
-    /// [`Store::commit_fresh`] instead.
-    async fn commit<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&WriteTransaction) -> Applied<S3Result<T>> + Send + 'static,
-    ) -> S3Result<T> {
-        let step = move |txn: &WriteTransaction| Ok((f(txn)?, vec![]));
-        self.committer.commit(step).await.map_err(commit_failed)?
-    }
-
-    /// Applies `f`, a step that points at the new blob `fresh` guards, in
-    /// the next group commit, as [`Store::commit`] does, and settles the
-    /// blob. `f` answers `Ok` only if what it commits points at the blob;
-    /// a refusal (`Err`) must leave nothing that does.
-    ///
-    /// - Committed: a record points at the blob, which stays.
-    /// - Refused: nothing points at it; the guard removes it.
-    /// - The transaction failed: it may be in the index all the same (see
-    ///   `remove_unless_live_later`), so the blob is removed only once the
-    ///   index says that nothing points at it.
-    /// - This future dropped while it waits (the client left): the blob is
-    ///   left be, as reasoned below.
-    async fn commit_fresh<T: Send + 'static>(
-        &self,
-        mut fresh: FreshBlob,
-        f: impl FnOnce(&WriteTransaction) -> Applied<S3Result<T>> + Send + 'static,
-    ) -> S3Result<T> {
-        let id = fresh.id();
-        // The step goes to the commit thread when the future below is first
-        // polled, and from then on the thread applies and commits it
-        // whether or not anyone still waits for its answer (`commit.rs`:
-        // `Committer::commit` sends the step, `run` applies every step it
-        // receives, and `Typed::done` drops an answer nobody receives). So
-        // once it is sent, this future can be dropped (the client left)
-        // while a record that points at the blob is still committed: the
-        // guard must not remove the blob then. It stops removing here,
-        // before the step is sent, with no `await` in between (the step is
-        // sent in the same poll). So a request that leaves while its step
-        // is on its way leaves its blob to the start-up collection
-        // (`collect_garbage`), which removes it only if the index does not
-        // point at it.
-        fresh.committing();
-        let answer = self
-            .committer
-            .commit(move |txn| Ok((f(txn)?, vec![id])))
-            .await;
-        match answer {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(refused)) => {
-                fresh.refused();
-                Err(refused)
-            }
-            Err(e) => {
-                self.remove_unless_live_later(id);
-                Err(commit_failed(e))
-            }
-        }
-    }
-
-    /// Removes blob `id`, which a failed commit was to point at, once the
-    /// index writes again, if it does not point at it. A commit that
-    /// failed may be in the index all the same: redb writes the new header
-    /// before the fsync that makes it durable, and a file reopened after
-    /// that fsync failed (`redb_file.rs`) can read the commit back. Once a
-    /// later commit of the commit thread went through, the index is past
-    /// the failed one and says what it holds. Until then, for at most
-    /// `SETTLE_WAIT`, or if the index cannot say, the blob stays, and the
-    /// next start-up's collection takes it.
-    fn remove_unless_live_later(&self, id: u128) {
-        let store = self.clone();
-        tokio::spawn(async move {
-            let every = Duration::from_secs(1);
-            for _ in 0..SETTLE_WAIT.as_secs() {
-                if store.committer.commit(|_| Ok(((), vec![]))).await.is_ok() {
-                    let _ = tokio::task::spawn_blocking(move || {
-                        if let Ok(false) = store.live(id) {
-                            store.blobs.remove(id);
-                        }
-                    })
-                    .await;
-                    return;
-                }
-                tokio::time::sleep(every).await;
-            }
-        });
-    }
-}
-
-/// The answer to a transaction that failed: the disk is full, or the index
-/// cannot write now.
-fn commit_failed(e: String) -> S3Error {
-    if e.contains("(os error 28)") {
-        full(&e)
-    } else {
-        unavailable(e)
-    }
 }
 
 /// Unix time in milliseconds.
@@ -417,55 +315,5 @@ fn check_version(v: Option<&str>) -> S3Result<()> {
             NoSuchVersion,
             "this store keeps one version per key, `null`"
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::Bytes;
-    use futures_util::FutureExt;
-
-    async fn written(store: &Store) -> FreshBlob {
-        let fresh = store.blobs.fresh();
-        let body = futures_util::stream::iter([Ok::<_, String>(Bytes::from_static(b"x"))]);
-        store.blobs.write(fresh.id(), body, |_| {}).await.unwrap();
-        fresh
-    }
-
-    #[tokio::test]
-    async fn a_fresh_blob_stays_once_its_step_is_sent_and_goes_otherwise() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), None).unwrap();
-
-        // Dropped before any commit: removed.
-        let fresh = written(&store).await;
-        let path = store.blobs.path_of(fresh.id());
-        drop(fresh);
-        assert!(!path.exists());
-
-        // Refused by its step: removed.
-        let fresh = written(&store).await;
-        let path = store.blobs.path_of(fresh.id());
-        let refused = store
-            .commit_fresh(fresh, |_| {
-                Ok::<S3Result<()>, _>(Err(s3_error!(InvalidRequest)))
-            })
-            .await;
-        assert!(refused.is_err() && !path.exists());
-
-        // Its request dropped once the step went to the commit thread (the
-        // first poll sends it): the step is committed all the same, and the
-        // blob it points at stays.
-        let fresh = written(&store).await;
-        let (id, path) = (fresh.id(), store.blobs.path_of(fresh.id()));
-        let points_at = move |txn: &WriteTransaction| Ok(Ok(blob_ref(txn, id)?));
-        let mut request = Box::pin(store.commit_fresh(fresh, points_at));
-        let _ = (&mut request).now_or_never();
-        drop(request);
-        // A later step is applied after it: its transaction is done.
-        store.commit(|_| Ok(Ok(()))).await.unwrap();
-        assert!(store.live(id).unwrap(), "the step was committed");
-        assert!(path.exists(), "and its blob is there");
     }
 }

@@ -73,10 +73,10 @@ pub struct Trusted;
 
 /// Who may call the store: a request signed with its credential, or one
 /// fencegate marked as its own. Anything else is anonymous, and refused.
-struct Access;
+struct SignedOrTrusted;
 
 #[async_trait::async_trait]
-impl S3Access for Access {
+impl S3Access for SignedOrTrusted {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         if cx.credentials().is_some() || cx.extensions_mut().get::<Trusted>().is_some() {
             return Ok(());
@@ -88,7 +88,7 @@ impl S3Access for Access {
 fn service(store: Store, access_key_id: String, secret: String) -> S3Service {
     let mut b = S3ServiceBuilder::new(store);
     b.set_auth(SimpleAuth::from_single(access_key_id, secret));
-    b.set_access(Access);
+    b.set_access(SignedOrTrusted);
     b.build()
 }
 

@@ -4,7 +4,7 @@
 //! still land); a write is then registered in flight and given its
 //! [`Permit`].
 
-use super::{Entry, Gate, Kind, Owner, Permit, Phase, Refusal, Slot, SlotState};
+use super::{Entry, Gate, Kind, OwnerTenure, Permit, Phase, Refusal, Slot, SlotState};
 use crate::fence::cluster::{Cluster, Registration, Tenure};
 use crate::fence::doubt::{Touch, Verdict};
 use crate::metric_names as m;
@@ -33,7 +33,7 @@ impl Gate {
         (resource, touch): (&str, Touch<'_>),
         token: u64,
         kind: Kind,
-        owner: Option<Owner<'_>>,
+        owner: Option<OwnerTenure<'_>>,
     ) -> Result<Option<Permit>, Refusal> {
         // The common case (nothing older in flight) admits at once, without
         // reading the clock or arming a wake-up.
@@ -94,7 +94,7 @@ impl Gate {
         (resource, touch): (&str, Touch<'_>),
         token: u64,
         kind: Kind,
-        owner: Option<Owner<'_>>,
+        owner: Option<OwnerTenure<'_>>,
     ) -> Attempt {
         let mut st = slot.lock();
         if let Some((c, tenure)) = owner {

@@ -19,7 +19,7 @@
 //! In cluster mode with owners (`owned.rs`, the default) a replica admits
 //! the resources it owns with these same steps, its raises put in etcd
 //! under its epoch, and answers the others with the replica that owns
-//! them ([`Admission::Owner`]), for the proxy to forward to. Without owners (`cluster.rs`) the check, the raise
+//! them ([`Admission::AtOwner`]), for the proxy to forward to. Without owners (`cluster.rs`) the check, the raise
 //! and the barrier are one etcd transaction shared by every replica; the
 //! slots then only keep this replica's writes in flight (to abort them)
 //! and a hint of the fence.
@@ -456,7 +456,7 @@ impl Gate {
         slot: &Slot,
         resource: &str,
         token: u64,
-        owner: Option<Owner<'_>>,
+        owner: Option<OwnerTenure<'_>>,
     ) -> Result<(u64, bool), Refusal> {
         let stale = |highest| Refusal::Stale { token, highest };
         let needs_raise = |h: Option<u64>| -> Result<bool, Refusal> {
@@ -562,7 +562,7 @@ impl Gate {
 }
 
 /// An owner's admission: its cluster and its tenure on the resource.
-type Owner<'a> = (&'a Arc<Cluster>, Tenure);
+type OwnerTenure<'a> = (&'a Arc<Cluster>, Tenure);
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -61,7 +61,7 @@ pub enum Admission {
     /// Cluster mode with owners: nowhere yet, because another replica (its
     /// name) owns the resource at this epoch; the proxy forwards the
     /// request there (`proxy/to_owner.rs`).
-    Owner(String, i64),
+    AtOwner(String, i64),
 }
 
 impl Admission {
@@ -71,7 +71,7 @@ impl Admission {
     pub fn permit(self) -> Option<Permit> {
         match self {
             Admission::Here(p) => p,
-            Admission::Owner(owner, _) => panic!("admitted nowhere: replica {owner} owns it"),
+            Admission::AtOwner(owner, _) => panic!("admitted nowhere: replica {owner} owns it"),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! replica that owns a resource admits it with the single-node steps
 //! (check, raise, barrier in its slot), its raises put in etcd under its
 //! epoch; for a resource owned elsewhere the admission names its owner
-//! ([`Admission::Owner`]), for the proxy to forward to. Raises not made by a write (the admin API,
+//! ([`Admission::AtOwner`]), for the proxy to forward to. Raises not made by a write (the admin API,
 //! eager fencing) at a replica that does not own the resource go to etcd
 //! and wait for the owner's acknowledgement.
 //!
@@ -22,7 +22,7 @@
 //! a sweep or two leaves no wait. Writes of [`Kind::Conditioned`], which the
 //! backend itself refuses once overtaken, neither need nor keep it.
 
-use super::{Admission, Gate, Kind, Owner, Permit, Refusal, Slot, SlotState};
+use super::{Admission, Gate, Kind, OwnerTenure, Permit, Refusal, Slot, SlotState};
 use crate::fence::cluster::{Cluster, OwnedRaise, Predecessor, Take, Tenure};
 use crate::fence::doubt::Touch;
 use crate::metric_names as m;
@@ -125,7 +125,7 @@ impl Gate {
         loop {
             let (slot, tenure) = match self.own(c, resource, deadline).await? {
                 Owning::Here(slot, tenure) => (slot, tenure),
-                Owning::By(replica, epoch) => return Ok(Admission::Owner(replica, epoch)),
+                Owning::By(replica, epoch) => return Ok(Admission::AtOwner(replica, epoch)),
             };
             let owner = Some((c, tenure));
             if self.verifies(resource) {
@@ -463,7 +463,7 @@ impl Gate {
         slot: &Slot,
         resource: &str,
         token: u64,
-        (c, tenure): Owner<'_>,
+        (c, tenure): OwnerTenure<'_>,
     ) -> Result<(u64, bool), Refusal> {
         let deadline = Instant::now() + self.wait_bound;
         match c.raise_owned(resource, token, tenure, deadline).await {

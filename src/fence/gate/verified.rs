@@ -4,7 +4,7 @@
 //! token (or below it, which is stale anyway) asks nothing.
 
 use super::{Gate, Refusal};
-use crate::fence::issued::{Issued, Issuers};
+use crate::fence::issued::{Issuers, Whose};
 use crate::metric_names as m;
 use std::sync::Arc;
 
@@ -50,8 +50,8 @@ impl Gate {
         let checked = issuers.check(resource, token).await;
         let lock = lock.to_string();
         match checked {
-            Ok(Issued::Holder) => Ok(()),
-            Ok(Issued::Earlier { holder }) => {
+            Ok(Whose::Holder) => Ok(()),
+            Ok(Whose::Earlier { holder }) => {
                 let highest = match self.raise_to(resource, holder).await {
                     Ok((h, _)) => h,
                     Err(Refusal::Stale { highest, .. }) => highest,
@@ -66,7 +66,7 @@ impl Gate {
                 );
                 Err(Refusal::Stale { token, highest })
             }
-            Ok(Issued::NotIssued { holder }) => {
+            Ok(Whose::NotIssued { holder }) => {
                 metrics::counter!(m::TOKENS_NOT_ISSUED, "resource" => resource.to_string())
                     .increment(1);
                 tracing::warn!(
