@@ -276,9 +276,12 @@
 //!   report (`report.rs`).
 //!
 //! Outside `src/`: `benches/gate.rs` (criterion: checks, admission, durable
-//! raise), `examples/resource_memory.rs` (memory per resource), `tests/`
+//! raise), `benches/sigv4.rs` (criterion: every SigV4 step beside
+//! aws-sigv4), `examples/resource_memory.rs` (memory per resource),
+//! `examples/floor_proxy.rs` (the floor of a proxied request), `tests/`
 //! (one file per area, `docs/testing.md` says what each covers; `common/`
-//! runs fencegate, Garage, etcd, ZooKeeper and a raw SigV4 client;
+//! runs fencegate, Garage, moto, etcd, ZooKeeper, Redis, PostgreSQL and a
+//! raw SigV4 client;
 //! `torture.rs` and `torture/` are the torture harness) and
 //! `tests/smoke/smoke.py` (unmodified clients: aws CLI, boto3, rclone,
 //! s3cmd).

@@ -183,6 +183,51 @@ fn the_systemd_unit_does_not_restart_on_a_config_error() {
     );
 }
 
+/// The config the unit starts with is readable by the user it runs as:
+/// the install recipe in the unit's header makes it that user's group's
+/// (a `DynamicUser`, whose uid is made at start, could not read a file
+/// kept from others, and fencegate would exit 2, not to be restarted).
+#[test]
+fn the_systemd_unit_can_read_its_config() {
+    let unit = read("deploy/fencegate.service");
+    let value = |key: &str| {
+        (unit.lines())
+            .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+            .map(str::trim)
+    };
+    assert_eq!(
+        value("DynamicUser"),
+        None,
+        "a DynamicUser cannot read the config"
+    );
+    let group = value("Group").expect("the unit names its Group");
+    let exec = value("ExecStart").unwrap();
+    let config = (exec.split_whitespace())
+        .skip_while(|w| *w != "--config")
+        .nth(1)
+        .expect("ExecStart names its --config");
+    let install = (unit.lines())
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| {
+            l.split('#')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        })
+        .find(|w| w.first() == Some(&"install") && w.last() == Some(&config))
+        .unwrap_or_else(|| panic!("the header installs {config}"));
+    let flag = |f: &str| install.iter().skip_while(|w| **w != f).nth(1).copied();
+    assert_eq!(flag("-g"), Some(group), "{config}'s group: {install:?}");
+    let mode = u32::from_str_radix(flag("-m").expect("a mode"), 8).unwrap();
+    assert_eq!(mode & 0o040, 0o040, "the group reads {config}");
+    assert_eq!(
+        mode & 0o007,
+        0,
+        "others do not read {config} (it holds secrets)"
+    );
+}
+
 /// `scripts/balancer`'s nginx.conf as it writes it, `BALANCER_RETRY` set to
 /// `retry` (or unset), with `/bin/true` standing in for nginx on the PATH;
 /// the real nginx, where there is one, tests it (`nginx -t`).

@@ -20,7 +20,8 @@
 //! The token leaves phase 5 as its output and goes into phase 6, whose
 //! `Fenced` carries it on (the stamp, the copy, the upload's record).
 //! `RequestCtx` is no phase's input: the phases write into it what the log
-//! line says, and only the error exit and the log read it.
+//! line says, and only the error exit, the log line and the request
+//! metrics (`Proxy::handle`) read it.
 //!
 //! Where a PutObject becomes durable, in order:
 //!
