@@ -386,7 +386,7 @@ async fn long_run() {
     let garage = Garage::start();
     let garage_addr = socket_of(&garage);
     // Between fencegate and Garage (and between the control arm and
-    // Garage): delays, answers held for up to 3 s, resets.
+    // Garage): delays, answers held for 1-5 s, resets.
     let network = network_faults(FaultConfig {
         delay_max_ms: 5,
         stall_p: 0.01,

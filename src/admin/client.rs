@@ -1,4 +1,6 @@
-//! `fencegate fences ...`: the admin API from the shell.
+//! The admin API from the shell: `fencegate fences ...`, and the session
+//! credentials `fencegate credentials` and `fencegate lock --credentials`
+//! ask for (`issue`).
 
 use bytes::Bytes;
 use http::{Method, Request};

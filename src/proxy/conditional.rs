@@ -17,7 +17,8 @@
 //! anything else lands on the key between the admission and the moment the
 //! backend applies this write (the window a paused replica leaves, see
 //! docs/cluster.md), the backend refuses it with `412`, and the newer write
-//! stays. It costs one HEAD per such write, and needs a backend that
+//! stays. It costs a HEAD per such write when fencegate does not know the
+//! object's ETag already (`etags.rs` keeps the ones its writes left), and needs a backend that
 //! honours conditional writes (AWS S3, MinIO, moto; not Garage).
 //!
 //! A write that carries its own `If-Match` or `If-None-Match` is sent with

@@ -22,8 +22,10 @@
 //! yet) is tried again until `admission_wait_ms`: by then its lease has
 //! usually gone, and the resource is taken here. An owner that stops
 //! answering (paused) while it holds a forwarded request: the request is
-//! answered `503 SlowDown` when the owner's lease ends (it can no longer
-//! admit it), and the client's retry goes to the next owner.
+//! given up when the owner's lease ends (it can no longer admit it),
+//! answered `502` once any of it was sent (the owner may have had it all)
+//! or `503 SlowDown` when nothing was, and the client's retry goes to the
+//! next owner.
 //!
 //! An owner that keeps its lease but stops answering its pings
 //! (`peers.rs`; a partition between replicas only) ends the forwards in
