@@ -203,7 +203,8 @@
 //! backend behind s3s's `S3` trait:
 //!
 //! - [`store`]: the index in redb (`index.rs`), the blob files
-//!   (`blobs.rs`), the group commit where every change and its conditions
+//!   (`blobs.rs`, the small reads' open files kept in `open_blobs.rs`),
+//!   the group commit where every change and its conditions
 //!   are one step (`commit.rs`), and the S3 operations (`buckets.rs`,
 //!   `objects.rs`, `read.rs` (its tests in `read_tests.rs`), `delete.rs`, `copy.rs`, `multipart.rs`,
 //!   `listing.rs`, `acl.rs`; `s3.rs` is the trait); `save.rs` is the one

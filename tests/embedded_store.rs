@@ -697,3 +697,53 @@ async fn a_damaged_body_is_refused_with_fencegates_reason() {
         );
     }
 }
+
+/// The files the fencegate process has open under a `blobs/` directory,
+/// as `/proc` names them (a removed file's name ends in ` (deleted)`).
+fn open_blob_files(pid: u32) -> Vec<String> {
+    (std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten())
+    .filter_map(|e| std::fs::read_link(e.path()).ok())
+    .map(|p| p.to_string_lossy().into_owned())
+    .filter(|p| p.contains("/blobs/"))
+    .collect()
+}
+
+/// Small reads keep their blob files open for the next read
+/// (`store/open_blobs.rs`), but never a removed object's: once a replaced
+/// and a deleted object's blobs are removed, no file of theirs is open,
+/// so their space is given back to the disk.
+#[tokio::test]
+async fn a_removed_objects_file_is_not_kept_open() {
+    let (fg, c) = store().await;
+    for k in ["a", "b", "c"] {
+        put(&c, k, b"a small body").await.unwrap();
+        assert_eq!(get(&c, k).await.unwrap(), b"a small body");
+    }
+    let kept = open_blob_files(fg.pid());
+    assert_eq!(kept.len(), 3, "each small read keeps its file: {kept:?}");
+    put(&c, "a", b"replaced").await.unwrap();
+    c.delete_object()
+        .bucket("demo")
+        .key("b")
+        .send()
+        .await
+        .unwrap();
+    // Their blobs go after a grace of 5 s (`Blobs::remove_later`).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while kept
+        .iter()
+        .filter(|p| std::path::Path::new(p).exists())
+        .count()
+        > 1
+    {
+        assert!(std::time::Instant::now() < deadline, "blobs never removed");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let open = open_blob_files(fg.pid());
+    let held: Vec<_> = open.iter().filter(|p| p.ends_with(" (deleted)")).collect();
+    assert!(held.is_empty(), "removed blobs still open: {held:?}");
+    assert_eq!(get(&c, "a").await.unwrap(), b"replaced");
+    assert_eq!(get(&c, "c").await.unwrap(), b"a small body");
+}

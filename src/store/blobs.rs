@@ -18,6 +18,7 @@
 //! crash between the file and the commit, a removal that did not happen)
 //! are collected at start-up.
 
+use super::open_blobs::OpenBlobs;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use std::io::ErrorKind;
@@ -61,6 +62,8 @@ pub struct Blobs {
     root: PathBuf,
     /// Blobs being read, and by how many reads.
     readers: std::sync::Arc<dashmap::DashMap<u128, usize>>,
+    /// Files of blobs read lately, for small reads (`open_blobs.rs`).
+    open: std::sync::Arc<OpenBlobs>,
 }
 
 /// Blobs a read uses, until it is dropped.
@@ -140,6 +143,7 @@ impl Blobs {
         Ok(Blobs {
             root,
             readers: Default::default(),
+            open: Default::default(),
         })
     }
 
@@ -243,8 +247,9 @@ impl Blobs {
     }
 
     /// Removes blob `id` (best effort: a file left behind is collected at
-    /// the next start).
+    /// the next start), letting go of its file first if it is kept open.
     pub fn remove(&self, id: u128) {
+        self.open.forget(id);
         if let Err(e) = std::fs::remove_file(self.path_of(id))
             && e.kind() != ErrorKind::NotFound
         {
@@ -305,7 +310,8 @@ impl Blobs {
 impl Blobs {
     /// The bytes `[start, end)` of the segments, as [`Blobs::stream_range`] streams
     /// them, read at once on this thread: for the few bytes of a small
-    /// read, on a thread that may block.
+    /// read, on a thread that may block. The files stay open for the next
+    /// read (`open_blobs.rs`): the caller holds the blobs for reading.
     pub fn read_now(
         &self,
         segments: impl IntoIterator<Item = (u128, u64, u64)>,
@@ -317,7 +323,7 @@ impl Blobs {
         let mut filled = 0usize;
         for (id, from, len) in pieces(segments, start, end) {
             let n = len as usize;
-            let file = std::fs::File::open(self.path_of(id))?;
+            let file = (self.open).get(id, || std::fs::File::open(self.path_of(id)))?;
             file.read_exact_at(&mut out[filled..filled + n], from)?;
             filled += n;
         }

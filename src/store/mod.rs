@@ -45,6 +45,7 @@ mod index;
 mod listing;
 mod multipart;
 mod objects;
+mod open_blobs;
 mod read;
 mod s3;
 mod save;
