@@ -436,13 +436,24 @@ fn merge(a: ServeArgs, b: ServeArgs) -> ServeArgs {
     }
 }
 
+/// `log.level` as a filter. s3s (the embedded store's S3 layer) logs
+/// nothing at `info`, but opens an `info` span to check each request's
+/// signature: at the default level that span is dropped, not made and
+/// thrown away for every request. At `debug` and `trace` it is kept.
+fn default_directives(level: &str) -> String {
+    match level.trim().eq_ignore_ascii_case("info") {
+        true => "info,s3s::ops::signature=warn".into(),
+        false => level.into(),
+    }
+}
+
 /// Log lines go to stderr through `LogBuffer`: appended in memory by the
 /// request, written out in batches by a thread of their own (at most 20 ms
 /// late), never dropped. The guard writes out what is left when `serve`
 /// returns.
 fn init_logging(format: LogFormat, level: &str) -> std::io::Result<fencegate::log_buffer::Guard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_directives(level)));
     let (writer, guard) = fencegate::log_buffer::LogBuffer::start(std::io::stderr())?;
     fencegate::access_log::install(format == LogFormat::Json, writer.clone());
     let builder = tracing_subscriber::fmt()

@@ -132,10 +132,15 @@ pub(super) fn object_in(
     bucket: &str,
     key: &str,
 ) -> S3Result<ObjectRecord> {
+    // The object first: a bucket is removed only when it holds no object
+    // (`delete_bucket`, in one transaction), so a record found here proves
+    // its bucket, and the bucket's table is read only to tell a miss's
+    // `NoSuchBucket` from its `NoSuchKey`.
+    let t = txn.open_table(OBJECTS).map_err(internal)?;
+    if let Some(record) = current(&t, bucket, key).map_err(internal)? {
+        return Ok(record);
+    }
     let buckets = txn.open_table(BUCKETS).map_err(internal)?;
     bucket_exists(&buckets, bucket).map_err(internal)??;
-    let t = txn.open_table(OBJECTS).map_err(internal)?;
-    current(&t, bucket, key)
-        .map_err(internal)?
-        .ok_or_else(|| s3_error!(NoSuchKey, "the key does not exist"))
+    Err(s3_error!(NoSuchKey, "the key does not exist"))
 }
