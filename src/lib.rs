@@ -191,11 +191,13 @@
 //!   connections to the backend (a list a serving thread), and the body
 //!   sent on them.
 //! - [`upstream::embedded`]: the embedded store called in-process, the
-//!   default backend (and served alone on a socket for `bench store`).
+//!   default backend (and served alone on a socket for `bench store`);
+//!   [`upstream::plain_read`]: its plain GETs and HEADs, answered without
+//!   s3s.
 //! - [`upstream::target`] (a leaf): where and as whom fencegate reaches the
 //!   backend. Within `upstream` the files depend one way: `probe` on
 //!   `client`, `client` on `embedded`, `pool` and `target`, `embedded` on
-//!   `target`.
+//!   `plain_read` and `target`.
 //! - [`upstream::probe`]: whether the backend honours conditional writes
 //!   itself (shown on `/readyz`).
 //!

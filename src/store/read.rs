@@ -226,42 +226,18 @@ impl Store {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let sel = self.select(req.input.into(), true).await?;
-        let record = &sel.record;
-        let body = match &sel.read {
-            Some(read) => StreamingBlob::from(s3s::Body::from(read.clone())),
-            None => {
-                let reading = self.blobs.hold_for_read(record.blobs().collect());
-                let (start, end) = (sel.bytes.range.start, sel.bytes.range.end);
-                let stream = (self.blobs).stream_range(record.spans(), start, end);
-                StreamingBlob::wrap(futures_util::StreamExt::map(stream, move |piece| {
-                    let _still_reading = &reading;
-                    piece
-                }))
-            }
-        };
-        let mut out = GetObjectOutput {
-            body: Some(body),
-            content_length: Some(sel.content_length()),
-            content_range: sel.content_range(),
-            accept_ranges: Some("bytes".into()),
-            ..Default::default()
-        };
-        describe(record, &mut out, sel.checksums);
-        Ok(S3Response::new(out))
+        self.read(req.input.into(), true).await.map(S3Response::new)
     }
 
     pub(super) async fn head_object(
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let sel = self.select(req.input.into(), false).await?;
-        let mut got = GetObjectOutput::default();
-        describe(&sel.record, &mut got, sel.checksums);
+        let got = self.read(req.input.into(), false).await?;
         Ok(S3Response::new(HeadObjectOutput {
-            content_length: Some(sel.content_length()),
-            content_range: sel.content_range(),
-            accept_ranges: Some("bytes".into()),
+            content_length: got.content_length,
+            content_range: got.content_range,
+            accept_ranges: got.accept_ranges,
             e_tag: got.e_tag,
             last_modified: got.last_modified,
             content_type: got.content_type,
@@ -281,6 +257,62 @@ impl Store {
             checksum_type: got.checksum_type,
             ..Default::default()
         }))
+    }
+
+    /// A plain read of `bucket`/`key`, all of it, with nothing else asked
+    /// (no condition, range, part, version or checksum mode): what
+    /// GetObject answers, without its body for a HEAD (`body` false). The
+    /// embedded store's callers answer it without s3s
+    /// (`upstream/plain_read.rs`).
+    pub async fn plain_read(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: bool,
+    ) -> S3Result<GetObjectOutput> {
+        let asked = Asked {
+            bucket: bucket.into(),
+            key: key.into(),
+            version: None,
+            conditions: ReadConditions {
+                if_match: None,
+                if_none_match: None,
+                if_modified_since: None,
+                if_unmodified_since: None,
+            },
+            range: None,
+            part: None,
+            checksum_mode: None,
+        };
+        self.read(asked, body).await
+    }
+
+    /// GetObject's output for `asked`, the one every read is answered from;
+    /// without `body` (a HEAD) nothing is read but the record.
+    async fn read(&self, asked: Asked, body: bool) -> S3Result<GetObjectOutput> {
+        let sel = self.select(asked, body).await?;
+        let record = &sel.record;
+        let body = body.then(|| match &sel.read {
+            Some(read) => StreamingBlob::from(s3s::Body::from(read.clone())),
+            None => {
+                let reading = self.blobs.hold_for_read(record.blobs().collect());
+                let (start, end) = (sel.bytes.range.start, sel.bytes.range.end);
+                let stream = (self.blobs).stream_range(record.spans(), start, end);
+                StreamingBlob::wrap(futures_util::StreamExt::map(stream, move |piece| {
+                    let _still_reading = &reading;
+                    piece
+                }))
+            }
+        });
+        let mut out = GetObjectOutput {
+            body,
+            content_length: Some(sel.content_length()),
+            content_range: sel.content_range(),
+            accept_ranges: Some("bytes".into()),
+            ..Default::default()
+        };
+        describe(record, &mut out, sel.checksums);
+        Ok(out)
     }
 }
 

@@ -19,6 +19,7 @@
 //! directory the earlier default (s3s-fs) wrote, `<data_dir>/objects/`, is
 //! imported on the first start (`store/import.rs`).
 
+use super::plain_read;
 use super::target::BackendTarget;
 use crate::store::Store;
 use http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
@@ -96,13 +97,28 @@ fn service(store: Store, access_key_id: String, secret: String) -> S3Service {
 #[derive(Clone)]
 pub struct InProcess {
     service: S3Service,
+    store: Store,
 }
 
 impl InProcess {
     /// The store's answer to `req`: what it would have answered on a
     /// socket, with no socket. `req` carries [`Trusted`] unless it is to be
-    /// judged as anonymous.
+    /// judged as anonymous. A plain read is answered without s3s
+    /// (`plain_read.rs`), with what s3s would have answered.
     pub async fn call(&self, req: http::Request<s3s::Body>) -> s3s::HttpResponse {
+        let trusted = req.extensions().get::<Trusted>().is_some();
+        if trusted
+            && let Some(read) = plain_read::plain(&req)
+            && let Some(resp) = plain_read::answer(&self.store, &read).await
+        {
+            return as_s3_answers(false, resp).await;
+        }
+        self.call_through_s3s(req).await
+    }
+
+    /// [`InProcess::call`] with every request through s3s, plain reads
+    /// too: the answer a plain read must equal (tests/plain_reads.rs).
+    pub async fn call_through_s3s(&self, req: http::Request<s3s::Body>) -> s3s::HttpResponse {
         let head = req.method() == http::Method::HEAD;
         let resp = match self.service.call(req).await {
             Ok(resp) => resp,
@@ -205,7 +221,11 @@ fn open_store(data_dir: &Path) -> Result<(Store, (String, String)), String> {
 pub fn open(data_dir: &Path) -> Result<(InProcess, (String, String), Store), String> {
     let (store, (key, secret)) = open_store(data_dir)?;
     let service = service(store.clone(), key.clone(), secret.clone());
-    Ok((InProcess { service }, (key, secret), store))
+    let in_process = InProcess {
+        service,
+        store: store.clone(),
+    };
+    Ok((in_process, (key, secret), store))
 }
 
 /// Opens the embedded store on `data_dir` and serves it alone on a

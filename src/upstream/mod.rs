@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod embedded;
+pub mod plain_read;
 pub mod pool;
 pub mod probe;
 pub mod target;
