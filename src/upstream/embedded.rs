@@ -6,6 +6,9 @@
 //! extension ([`Trusted`]), so an anonymous read stays anonymous and the
 //! store refuses it, as a store on a socket would.
 //!
+//! A plain GET or HEAD (the whole object, nothing else asked) is answered
+//! without s3s ([`super::plain_read`]), as s3s would have answered it.
+//!
 //! One form is still signed: a body with checksum trailers
 //! (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`), because s3s decodes aws-chunked
 //! and hands the store its trailers only for a request it authenticated.
