@@ -1,4 +1,4 @@
-//! Engine microbenchmarks (BENCHMARKS.md, "Engine"): the fence check on a
+//! Engine microbenchmarks (docs/benchmarks-log.md, "Engine"): the fence check on a
 //! hot resource and across 1 M resources, a write's admission beside 1000
 //! writers in flight, what verified raises and writes in doubt add to a
 //! write at the fence, and the durable raise (redb, fsync'd).

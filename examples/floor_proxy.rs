@@ -1,4 +1,4 @@
-//! The floor under fencegate's CPU per request (BENCHMARKS.md, "What the
+//! The floor under fencegate's CPU per request (docs/benchmarks-log.md, "What the
 //! throughput target asks"): a proxy on fencegate's own stack that does
 //! none of fencegate's work. It has tokio's default runtime, hyper's HTTP/1
 //! server with the same timer and header-read timeout, fencegate's backend

@@ -1,4 +1,4 @@
-//! Memory per resource (BENCHMARKS.md, "Memory and distinct resources"):
+//! Memory per resource (docs/benchmarks-log.md, "Memory and distinct resources"):
 //! the RSS of the gate and its redb store after N distinct per-object
 //! resources have each seen one write, with the slot cache bounded (the
 //! default) or not.

@@ -1,6 +1,6 @@
-# Sourced by the scripts that start services on loopback (bench,
-# bench-cluster, bench-conditions, bench-ir, bench-store, bench-wrk,
-# build-pgo): free ports, waiting for
+# Sourced by the scripts that start services on loopback (bench, bench-ab,
+# bench-cluster, bench-conditions, bench-cores, bench-ir, bench-store,
+# bench-wrk, build-pgo, s3-tests): free ports, waiting for
 # a listener, the processes stopped on exit, and fencegate's configuration
 # in front of a backend, written once here.
 

@@ -2,7 +2,7 @@
 //! buffer and appended to the same [`LogBuffer`] as every other log line
 //! (`main.rs` installs it). Formatting the line through `tracing`'s
 //! `fmt` layer, a `Display` call per field, was the single largest item
-//! of fencegate's own work per request (BENCHMARKS.md, "CPU per request").
+//! of fencegate's own work per request (docs/benchmarks-log.md, "CPU per request").
 //!
 //! The line is the one `tracing`'s formatter writes for the same event, in
 //! both formats: `human` (`<time>  INFO fencegate::proxy: request

@@ -25,7 +25,7 @@ pub fn full(b: impl Into<Bytes>) -> ProxyBody {
 /// The longest wait for a streamed body's next piece. The timer is armed
 /// when a wait begins, not per piece: a body whose pieces are there when
 /// asked for never touches tokio's timer wheel (a clock read and a runtime
-/// lookup per piece, measured in BENCHMARKS.md, "Third round").
+/// lookup per piece, measured in docs/benchmarks-log.md, "Third round").
 pub struct IdleTimer {
     idle: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,

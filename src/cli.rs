@@ -39,7 +39,9 @@ pub enum Command {
     /// `credential_process`, or as config-file values.
     Credentials(CredentialsArgs),
     /// Load generator (SigV4 PUT/GET at a size and concurrency, latency
-    /// percentiles), or `bench sink`, an in-memory S3 that discards.
+    /// percentiles), or `bench sink` (an in-memory S3 that discards),
+    /// `bench store` (the embedded store alone) or `bench relay` (the floor
+    /// of a hop between replicas).
     Bench(crate::bench::BenchArgs),
 }
 

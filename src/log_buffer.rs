@@ -12,7 +12,7 @@
 //! cache line. A channel with a writer thread woken per line
 //! (tracing-appender) cost about 3.5 µs of CPU per request at 20,000
 //! requests a second, in futex wake-ups and that thread's sleeps and wakes
-//! (BENCHMARKS.md, "CPU per request"); one buffer for all threads had every
+//! (docs/benchmarks-log.md, "CPU per request"); one buffer for all threads had every
 //! core write the same buffer.
 //!
 //! Never lossy: when stderr cannot keep up and `MAX` bytes wait, an append

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 /// jemalloc: cheaper allocation and free on the request path than glibc's
 /// malloc, with memory still returned while a large body streams
-/// (BENCHMARKS.md, "CPU per request").
+/// (docs/benchmarks-log.md, "CPU per request").
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -87,7 +87,7 @@ pub const CLUSTER_FORWARD_SENDS: &str = "fencegate_cluster_forward_sends";
 /// Handles of the metrics recorded on every request, each looked up in the
 /// recorder once per process (per thread for `requests`) rather than per
 /// event: a lookup hashes the name and labels into a sharded map, which
-/// cost more than the increment (BENCHMARKS.md, "CPU per request"). This
+/// cost more than the increment (docs/benchmarks-log.md, "CPU per request"). This
 /// holds because `server::start` installs the recorder before the first
 /// request; a process without one gets no-op handles, as it would anyway.
 pub mod handles {

@@ -153,7 +153,7 @@ proptest! {
     }
 
     // The hand-written query decoder and canonical encoders (written for
-    // speed: BENCHMARKS.md, "CPU per request") read and write exactly what
+    // speed: docs/benchmarks-log.md, "CPU per request") read and write exactly what
     // the percent-encoding crate does, so that a signature means the same
     // before and after them.
     #[test]

@@ -1,5 +1,5 @@
 //! `fencegate bench relay`: the floor of a forwarding hop between replicas
-//! (BENCHMARKS.md, "Cluster mode: the floor"). A replica that does not own
+//! (BENCHMARKS.md, "Cores"). A replica that does not own
 //! a resource must at least read the request's head, find the owner from
 //! the path, and stream the request there and the answer back. This does
 //! exactly that and nothing more (no signature check, no gate), so a run

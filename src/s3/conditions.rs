@@ -190,8 +190,6 @@ impl Conditions {
         Ok(Some(c))
     }
 
-    /// Whether the conditions hold for the object as it is (`None`: there
-    /// is none).
     /// Whether these are `If-Match` / `If-None-Match` only: the conditions
     /// a store that honours them judges itself (a delete's time and size
     /// conditions are fencegate's alone to judge).
@@ -199,6 +197,8 @@ impl Conditions {
         self.last_modified.is_none() && self.size.is_none()
     }
 
+    /// Whether the conditions hold for the object as it is (`None`: there
+    /// is none).
     pub fn judge(&self, current: Option<&Current>) -> Result<(), Failed> {
         let Some(cur) = current else {
             // Absent: `If-Match` cannot hold; `If-None-Match` does, and so

@@ -1,6 +1,6 @@
-//! Buckets, and listings as S3 does them: ListObjects (v1 and v2),
+//! Listings as S3 does them: ListObjects (v1 and v2),
 //! ListObjectVersions (every version `null`: buckets here are not
-//! versioned) and ListMultipartUploads. Keys come in UTF-8 byte order
+//! versioned), ListMultipartUploads and ListParts. Keys come in UTF-8 byte order
 //! straight from the index, a page at a time: a listing reads at most one
 //! page and skips a rolled-up common prefix with one seek, so its memory
 //! and time do not grow with the bucket.

@@ -24,7 +24,7 @@
 //! `read.rs` (GetObject, HeadObject, their ranges and conditions),
 //! `delete.rs` (DeleteObject, DeleteObjects), `copy.rs` (CopyObject),
 //! `multipart.rs` (with `checksums.rs`, a multipart object's checksums),
-//! `listing.rs` (every listing), `s3.rs` (the trait, one line per
+//! `listing.rs` (every listing but ListBuckets, which is in `buckets.rs`), `s3.rs` (the trait, one line per
 //! operation). What the writes share: `save.rs` (a body saved in a new
 //! blob and checked against what its request declared), `digests.rs` (a
 //! body's MD5 and checksums) and `conditions.rs` (`If-None-Match`,

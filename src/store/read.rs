@@ -325,7 +325,7 @@ fn checksum_wanted(mode: Option<&ChecksumMode>) -> bool {
 struct Bytes {
     range: std::ops::Range<u64>,
     /// Answered `206` with `Content-Range`: every satisfiable `Range`, and
-    /// every `partNumber` of an object that has bytes.
+    /// every `partNumber` of a part that has bytes.
     partial: bool,
     /// The object's checksums may go with it: no `Range`, and all of it.
     checksums: bool,

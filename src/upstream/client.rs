@@ -2,7 +2,9 @@
 //! re-signing with the backend's credentials (`s3::sign`, the same SigV4
 //! code that verifies clients), and a streaming body both ways. A real
 //! store is reached over hyper; the embedded one is called in-process
-//! (`upstream::embedded`), with the same request and no signature.
+//! (`upstream::embedded`), with the same request and no signature but
+//! for the one form s3s decodes only when signed (a body with checksum
+//! trailers).
 
 use super::embedded::{InProcess, Trusted};
 use super::pool::{Pool, UpstreamBody};

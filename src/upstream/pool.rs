@@ -5,7 +5,7 @@
 //! It replaces hyper-util's general-purpose pool, which, for one backend,
 //! did more per request than the request needed (a checkout future keyed
 //! by scheme and host, a task spawned per response to return the
-//! connection; BENCHMARKS.md, "CPU per request"). The rules:
+//! connection; docs/benchmarks-log.md, "CPU per request"). The rules:
 //!
 //! - A connection is out of the list while a request is being sent on it,
 //!   and back in as soon as the answer's head came; hyper reports it ready
