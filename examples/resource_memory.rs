@@ -5,9 +5,9 @@
 //!
 //!     cargo run --release --example resource_memory -- N MAX_CACHED [DIR]
 //!
-//! `MAX_CACHED` 0 means unbounded. `DIR` holds `fences.redb` (default: a
-//! temporary directory under /dev/shm, so that a million fsyncs measure
-//! memory, not the disk). Prints one line per tenth of the run.
+//! `MAX_CACHED` 0 means unbounded. `DIR` is where its temporary directory,
+//! and `fences.redb` in it, goes (default: /dev/shm, so that a million
+//! fsyncs measure memory, not the disk). Prints one line per tenth of the run.
 
 use fencegate::fence::gate::{Gate, Kind};
 use fencegate::fence::table::RedbTable;

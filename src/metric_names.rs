@@ -1,6 +1,7 @@
 //! The names of fencegate's Prometheus metrics, each with what it counts.
 //! A leaf module: the modules that record metrics (`fence`, `s3`, `proxy`,
-//! `locks`, `server`) import only these names, and the admin listener,
+//! `locks`, `server`, `connection`, `store`, `upstream`) import only these
+//! names, and the admin listener,
 //! which installs the recorder and renders it, imports them too
 //! (`admin::metrics`).
 

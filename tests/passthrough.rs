@@ -1,5 +1,6 @@
-//! What is not a fenced write passes through untouched: ranged GETs, HEAD,
-//! listings, tagging reads, conditional-write headers and checksums.
+//! What is not a fenced write passes through untouched: ranged GETs, HEAD
+//! and listings, on both stores; a tagging write, which is one, still
+//! needs a token.
 
 mod common;
 

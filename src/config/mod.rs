@@ -361,7 +361,8 @@ impl Credential {
 pub enum RuleMode {
     /// Every key under the prefix shares the resource named by `resource`.
     Shared,
-    /// Every object is its own resource (`bucket/key`), the default.
+    /// Every object is its own resource (`bucket/key`), as for an object no
+    /// rule matches.
     PerObject,
     /// Writes under the prefix need no token.
     Unfenced,
