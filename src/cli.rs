@@ -25,7 +25,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve the S3 API (the default).
     Serve(ServeArgs),
-    /// Inspect or raise fences through the admin API.
+    /// Inspect or raise fences through the admin API; export and import
+    /// them from the config's fence table.
     Fences(FencesArgs),
     /// Hold a lock from etcd, ZooKeeper, Redis or PostgreSQL while a command runs, with the
     /// lock's fencing token in FENCING_TOKEN (and its key in FENCING_LOCK_KEY).
@@ -198,7 +199,8 @@ pub enum CredentialsFormat {
 
 #[derive(Debug, Args)]
 pub struct FencesArgs {
-    /// Admin API base URL. Default: http://<server.admin_listen of the config>.
+    /// Admin API base URL. Default: http://<server.admin_listen of the config>
+    /// (for export: none, the config's fence table is read).
     #[arg(long)]
     pub admin: Option<String>,
     /// The admin bearer, for raising. Default: FENCEGATE_ADMIN_TOKEN, then

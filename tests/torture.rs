@@ -239,10 +239,11 @@ async fn short_run() {
     let forged = forger.await.unwrap();
     println!(
         "torture short run: forger sent {} made-up tokens, answered {:?} ({} of them the token a \
-         holder of the resource had too)",
+         holder of the resource had too, {} acknowledged across a handoff)",
         forged.sent,
         forged.answers,
-        forged.acknowledged.len()
+        forged.acknowledged.len(),
+        forged.in_handoff
     );
     let made_up = forged.made_up(&arms[0].hist);
     assert!(

@@ -114,7 +114,8 @@ fn parse_tag(s: &str) -> Result<(String, String), String> {
 
 /// Signs requests of one worker: the signing key is derived once per day,
 /// the date string once per second. A token header is signed with the rest
-/// (fencegate refuses one the signature does not cover).
+/// (fencegate refuses one the signature does not cover on a presigned URL,
+/// and with `fence.require_signed_token`).
 struct Signer {
     access_key: String,
     secret_key: String,

@@ -1,7 +1,7 @@
 //! `fencegate bench`: the measuring tools of BENCHMARKS.md, shipped in the
 //! binary so that anyone can rerun the numbers with what they deploy.
 //!
-//! - `load.rs`: a SigV4 load generator (PUT or GET, one object size, a
+//! - `load.rs`: a SigV4 load generator (PUT, GET or HEAD, one object size, a
 //!   concurrency, a duration or a request count) with a latency histogram;
 //! - `sink.rs`: an in-memory S3 stand-in that accepts and discards, so that
 //!   a run through fencegate to it shows fencegate's own cost;

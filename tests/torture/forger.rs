@@ -10,6 +10,13 @@
 //! calls can return at the same revision). A forged write acknowledged with
 //! a token this resource's own holder had is its holder's token as far as
 //! any fence can tell, and is not counted ([`Forged::made_up`]).
+//!
+//! Until a holder's token is in its key (between its Lock call's return and
+//! its put), fencegate can check a token only against a revision range
+//! (docs/lock-services.md, "Verified raises"), in which a made-up token
+//! passes. The forger writes only while the holder's token is in its key,
+//! and a write acknowledged across a handoff (another holder after it than
+//! before) is counted apart (`in_handoff`), not as made up.
 
 use super::history::History;
 use super::workload::Resource;
@@ -27,6 +34,20 @@ pub struct Forged {
     pub acknowledged: Vec<(String, String, u64)>,
     /// By status.
     pub answers: std::collections::BTreeMap<u16, u64>,
+    /// Acknowledged, but the lock changed hands between the look before
+    /// the write and the look after it: the new holder's token may not
+    /// have been in its key yet.
+    pub in_handoff: u64,
+}
+
+/// The create revision of the key holding `lock`, and whether its holder's
+/// token is in it; `None` when nobody holds it or etcd cannot be asked.
+async fn holder(c: &mut etcd_client::Client, lock: &str) -> Option<(i64, bool)> {
+    let prefix = format!("{lock}/");
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let resp = c.get(prefix, Some(opts)).await.ok()?;
+    let first = resp.kvs().iter().min_by_key(|kv| kv.create_revision())?;
+    Some((first.create_revision(), !first.value().is_empty()))
 }
 
 impl Forged {
@@ -83,6 +104,12 @@ pub async fn forge(
                 }
             }
         };
+        // Only while the holder's token is in its key.
+        let Some(c) = client.as_mut() else { continue };
+        let before = match holder(c, &res.name).await {
+            Some((rev, true)) => rev,
+            _ => continue,
+        };
         let body = aws_sdk_s3::primitives::ByteStream::from_static(b"forged\n");
         let sent = s3
             .put_object()
@@ -102,8 +129,16 @@ pub async fn forge(
         };
         *done.answers.entry(status).or_default() += 1;
         if sent.is_ok() {
-            done.acknowledged
-                .push((res.name.clone(), key.clone(), token));
+            let after = match client.as_mut() {
+                Some(c) => holder(c, &res.name).await,
+                None => None,
+            };
+            if after.map(|(rev, _)| rev) == Some(before) {
+                done.acknowledged
+                    .push((res.name.clone(), key.clone(), token));
+            } else {
+                done.in_handoff += 1;
+            }
         }
     }
 }
