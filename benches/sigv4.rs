@@ -49,6 +49,23 @@ enum Form {
 
 /// A client's PUT as an SDK sends it, signed by aws-sigv4: its headers and
 /// its raw query (empty but for a presigned URL's parameters).
+/// aws-sigv4's parameters for S3 in `region`, signed now.
+fn aws_params<'a>(
+    identity: &'a aws_smithy_runtime_api::client::identity::Identity,
+    region: &'a str,
+    settings: SigningSettings,
+) -> aws_sigv4::http_request::SigningParams<'a> {
+    aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(identity)
+        .region(region)
+        .name("s3")
+        .time(now())
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into()
+}
+
 fn client_put(form: Form) -> (HeaderMap, String) {
     let mut h = HeaderMap::new();
     h.insert("host", "127.0.0.1:9000".parse().unwrap());
@@ -89,15 +106,7 @@ fn client_put(form: Form) -> (HeaderMap, String) {
         settings.expires_in = Some(Duration::from_secs(3600));
     }
     let identity = aws_credential_types::Credentials::new("AK", "SK", None, None, "b").into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region(REGION)
-        .name("s3")
-        .time(now())
-        .settings(settings)
-        .build()
-        .unwrap()
-        .into();
+    let params = aws_params(&identity, REGION, settings);
     let (instructions, _) = sign(signable, &params).unwrap().into_parts();
     let mut req = http::Request::builder().uri(&url).body(()).unwrap();
     *req.headers_mut() = h;
@@ -260,16 +269,7 @@ fn verify_and_resign(c: &mut Criterion) {
             let mut settings = SigningSettings::default();
             settings.percent_encoding_mode = PercentEncodingMode::Single;
             settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-            let params = aws_sigv4::sign::v4::SigningParams::builder()
-                .identity(&identity)
-                .region("garage")
-                .name("s3")
-                .time(now())
-                .settings(settings)
-                .build()
-                .unwrap()
-                .into();
-            sign(signable, &params).unwrap()
+            sign(signable, &aws_params(&identity, "garage", settings)).unwrap()
         })
     });
     g.finish();
