@@ -65,10 +65,7 @@ fn backend(cfg: &Config) -> Result<Backend, StartError> {
     }
     let target = backend_target(cfg)?;
     let desc = target.endpoint.to_string();
-    let addr = target.endpoint.authority().map(|a| match a.port() {
-        Some(_) => a.to_string(),
-        None => format!("{}:80", a.host()),
-    });
+    let addr = readiness_addr(&target.endpoint);
     let upstream =
         Upstream::new(target, timeout, cfg.backend.ca_file.as_deref()).map_err(StartError)?;
     Ok(Backend {
@@ -76,6 +73,20 @@ fn backend(cfg: &Config) -> Result<Backend, StartError> {
         desc,
         addr,
         store: None,
+    })
+}
+
+/// The address `/readyz` connects to for a backend at `endpoint`: its port,
+/// or the scheme's (443 for `https`, else 80).
+fn readiness_addr(endpoint: &http::Uri) -> Option<String> {
+    let default = if endpoint.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    endpoint.authority().map(|a| match a.port() {
+        Some(_) => a.to_string(),
+        None => format!("{}:{default}", a.host()),
     })
 }
 
@@ -542,5 +553,24 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readiness_addr;
+
+    #[test]
+    fn readiness_connects_to_the_endpoints_port_or_its_schemes() {
+        let addr = |u: &str| readiness_addr(&u.parse().unwrap());
+        assert_eq!(
+            addr("http://s3.example:9000").as_deref(),
+            Some("s3.example:9000")
+        );
+        assert_eq!(addr("http://s3.example").as_deref(), Some("s3.example:80"));
+        assert_eq!(
+            addr("https://s3.example").as_deref(),
+            Some("s3.example:443")
+        );
     }
 }

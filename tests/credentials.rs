@@ -179,14 +179,24 @@ async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
         put(&ok, "elsewhere/x", "x").await,
         Err((403, "AccessDenied".into()))
     );
+    // Each refusal names the scope and the lock, whatever it refuses.
+    let names_scope = |e: &dyn ProvideErrorMetadata| {
+        assert_eq!(e.code(), Some("AccessDenied"));
+        let m = e.message().unwrap_or_default();
+        assert!(
+            m.contains("outside the scope") && m.contains("demo/jobs/"),
+            "{m}"
+        );
+        assert!(m.contains("lock"), "{m}");
+    };
     let other = ok
         .put_object()
         .bucket("other")
         .key("jobs/x")
         .body(ByteStream::from_static(b"x"));
-    assert_eq!(other.send().await.unwrap_err().code(), Some("AccessDenied"));
+    names_scope(&other.send().await.unwrap_err());
     let list = ok.list_objects_v2().bucket("demo").send().await;
-    assert_eq!(list.unwrap_err().code(), Some("AccessDenied"));
+    names_scope(&list.unwrap_err());
     let list = ok
         .list_objects_v2()
         .bucket("demo")
@@ -209,7 +219,9 @@ async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
     assert_eq!(many.unwrap_err().code(), Some("AccessDenied"));
     // Bucket administration is never a session credential's.
     let mb = ok.create_bucket().bucket("jobs-new").send().await;
-    assert_eq!(mb.unwrap_err().code(), Some("AccessDenied"));
+    names_scope(&mb.unwrap_err());
+    let rb = ok.delete_bucket().bucket("demo").send().await;
+    names_scope(&rb.unwrap_err());
 
     // A wrong secret.
     let wrong = client_with(&fg, &key, &format!("{secret}x"), &token);

@@ -77,6 +77,27 @@ pub fn install() -> Result<PrometheusHandle, String> {
          or whose sender died: they may land until their quarantine ends"
     );
     describe_gauge!(IN_DOUBT, "writes in doubt now");
+    describe_counter!(
+        TOKENS_NOT_ISSUED,
+        "requests refused because their lock never issued their token, by resource"
+    );
+    describe_gauge!(
+        LOCK_TOKENS_BEHIND,
+        "1 while a verified resource's lock holder has a token below its fence"
+    );
+    describe_gauge!(
+        BACKEND_HONOURS,
+        "1 where the backend itself refused a failed conditional write, by condition"
+    );
+    describe_counter!(
+        STORE_WRITE_FAILURES,
+        "failed writes to a redb file, by store (fences, objects)"
+    );
+    describe_counter!(ETCD_REQUESTS, "requests sent to etcd, by op (cluster mode)");
+    describe_gauge!(
+        CLUSTER_LEASE_FRESH,
+        "1 while this replica's lease is surely alive (cluster mode)"
+    );
     describe_gauge!(
         STARTUP_QUARANTINE,
         "1 while a start-up quarantine holds every newer token back"

@@ -108,7 +108,10 @@ impl Sink {
                 };
                 let mut r = Response::new(body);
                 let h = r.headers_mut();
-                h.insert(http::header::CONTENT_LENGTH, len.into());
+                h.insert(
+                    http::header::CONTENT_LENGTH,
+                    crate::s3::headers::number_value(len),
+                );
                 h.insert(http::header::ETAG, etag(len).parse().expect("ascii"));
                 r
             }

@@ -18,7 +18,8 @@ use std::path::PathBuf;
 #[serde(deny_unknown_fields, default)]
 pub struct AccessConfig {
     /// PEM file of the CA(s) that signed the service's certificate. Without
-    /// it the system's roots are trusted.
+    /// it the system's roots are trusted, except by ZooKeeper's client:
+    /// `tcp+tls://` needs it.
     pub ca_file: Option<PathBuf>,
     /// PEM file of fencegate's client certificate (mutual TLS).
     pub cert_file: Option<PathBuf>,

@@ -12,6 +12,7 @@ use crate::fence::hold::object_name;
 use crate::fence::resource::Fencing;
 use crate::metric_names as m;
 use crate::s3::error::S3Error;
+use crate::s3::headers::{X_AMZ_SSE, X_AMZ_SSE_CUSTOMER_ALGORITHM};
 use crate::s3::op::{Effect, Op, Operation};
 use http::HeaderMap;
 use http::request::Parts;
@@ -22,9 +23,9 @@ use std::time::Instant;
 /// ETag: it names no customer key and no KMS key.
 fn etag_is_md5(headers: &HeaderMap) -> bool {
     let kms = headers
-        .get("x-amz-server-side-encryption")
+        .get(X_AMZ_SSE)
         .is_some_and(|v| v.as_bytes().starts_with(b"aws:kms"));
-    !kms && !headers.contains_key("x-amz-server-side-encryption-customer-algorithm")
+    !kms && !headers.contains_key(X_AMZ_SSE_CUSTOMER_ALGORITHM)
 }
 
 /// What a fenced request on `object` does, for the writes in doubt on its

@@ -144,6 +144,11 @@ impl Proxy {
         let Some(bucket) = &op.bucket else {
             return Ok(());
         };
+        // A session credential's scope first: its refusal names the scope
+        // and the lock, which the checks below cannot.
+        if let Some(s) = &v.session {
+            s.reaches(op, query)?;
+        }
         let key_id = &v.credential.access_key_id;
         if !v.credential.allows_bucket(bucket) {
             return Err(S3Error::AccessDenied(format!(
@@ -163,9 +168,6 @@ impl Proxy {
                 "access key {key_id} may not administer bucket {bucket}"
             )));
         }
-        match &v.session {
-            Some(s) => s.reaches(op, query),
-            None => Ok(()),
-        }
+        Ok(())
     }
 }

@@ -39,10 +39,10 @@
 //! - **a multipart upload's token**, in phase 10
 //!   (`FenceTable::record_upload`).
 //!
-//! Every phase returns `Result<_, S3Error>`; the one error exit in
-//! [`Proxy::handle`] renders it as S3 XML (with the CORS headers the
-//! backend allows a browser's origin), and one log event per request is
-//! written there at the end.
+//! Every phase that can fail returns `Result<_, S3Error>`; the one error
+//! exit in [`Proxy::handle`] renders it as S3 XML (with the CORS headers
+//! the backend allows a browser's origin), and one log event per request
+//! is written there at the end.
 
 mod admit_here;
 mod conditional;

@@ -1,7 +1,8 @@
-//! The names of the S3 request headers that more than one module reads or
-//! writes, so that each is spelt once. They are `HeaderName`s: a lookup by
-//! one hashes it without parsing the name again. And the one way a
-//! number becomes a header value.
+//! The names of the S3 request headers that the signature check, the
+//! body's decoding and the fence share, spelt here for all of them. They
+//! are `HeaderName`s: a lookup by one hashes it without parsing the name
+//! again. And [`number_value`], how a number becomes a header value here
+//! (one allocation, not two).
 
 use http::{HeaderName, HeaderValue};
 
@@ -19,6 +20,11 @@ pub const X_AMZ_TRAILER: HeaderName = HeaderName::from_static("x-amz-trailer");
 pub const X_AMZ_SECURITY_TOKEN: HeaderName = HeaderName::from_static("x-amz-security-token");
 /// CopyObject's and UploadPartCopy's source, `bucket/key[?versionId=]`.
 pub const X_AMZ_COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
+/// Server-side encryption by the store's keys (`AES256`, `aws:kms`...).
+pub const X_AMZ_SSE: HeaderName = HeaderName::from_static("x-amz-server-side-encryption");
+/// Server-side encryption with the customer's key (SSE-C): its algorithm.
+pub const X_AMZ_SSE_CUSTOMER_ALGORITHM: HeaderName =
+    HeaderName::from_static("x-amz-server-side-encryption-customer-algorithm");
 /// CopyObject: `COPY` the source's metadata or `REPLACE` it.
 pub const X_AMZ_METADATA_DIRECTIVE: HeaderName =
     HeaderName::from_static("x-amz-metadata-directive");

@@ -233,7 +233,10 @@ impl Open {
         } else if t.trim().is_empty() {
             Ok(())
         } else {
-            Err(malformed("text outside <Key>, <VersionId> and <Quiet>"))
+            Err(malformed(
+                "text outside an object's <Key>, <VersionId>, <ETag>, \
+                 <LastModifiedTime> and <Size>, and <Quiet>",
+            ))
         }
     }
 

@@ -24,7 +24,7 @@
 //! removes it, at the latest `max_ttl_secs` after rotating.
 
 use super::error::S3Error;
-use super::op::{Op, Operation};
+use super::op::{Effect, Op, Operation};
 use super::query::{Param, query_param};
 use super::sigv4::{hmac, same_signature};
 use crate::config::Credential;
@@ -122,6 +122,9 @@ impl Session {
         };
         if !self.allows_bucket(bucket) {
             return Err(self.outside(&format!("bucket {bucket}")));
+        }
+        if op.effect() == Effect::BucketWrite {
+            return Err(self.outside(&format!("administering bucket {bucket}")));
         }
         if let Some(key) = &op.key
             && !self.allows_key(bucket, key)

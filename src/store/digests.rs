@@ -40,7 +40,7 @@ pub(super) fn declared_algorithms(
         }
     }
     for t in headers
-        .get_all("x-amz-trailer")
+        .get_all(crate::s3::headers::X_AMZ_TRAILER)
         .iter()
         .filter_map(|v| v.to_str().ok())
     {

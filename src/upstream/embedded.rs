@@ -24,6 +24,7 @@
 
 use super::plain_read;
 use super::target::BackendTarget;
+use crate::s3::headers::number_value;
 use crate::store::Store;
 use http::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use hyper::server::conn::http1;
@@ -139,7 +140,7 @@ impl InProcess {
         // HEAD too (an error's length: its body is not sent).
         let exact = http_body::Body::size_hint(resp.body()).exact();
         if let (false, Some(n)) = (resp.headers().contains_key(CONTENT_LENGTH), exact) {
-            resp.headers_mut().insert(CONTENT_LENGTH, n.into());
+            resp.headers_mut().insert(CONTENT_LENGTH, number_value(n));
         }
         resp
     }
@@ -204,7 +205,7 @@ async fn as_s3_answers(head: bool, mut resp: s3s::HttpResponse) -> s3s::HttpResp
     };
     parts
         .headers
-        .insert(http::header::CONTENT_LENGTH, text.len().into());
+        .insert(CONTENT_LENGTH, number_value(text.len() as u64));
     http::Response::from_parts(parts, s3s::Body::from(text))
 }
 
