@@ -20,6 +20,7 @@ use crate::fence::resource::Fencing;
 use crate::s3::conditions::{Conditions, Failed};
 use crate::s3::error::{S3Error, xml_escape};
 use crate::s3::multi_delete::{Delete, MAX_BODY};
+use crate::s3::session::Session;
 use crate::upstream::client::Outgoing;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -46,6 +47,20 @@ pub(super) struct MultiDelete {
     /// Cluster mode with owners: the request goes to the replica that
     /// owns the keys' resources.
     pub elsewhere: Option<Elsewhere>,
+}
+
+impl MultiDelete {
+    /// Nothing done here: the request goes to the owner.
+    fn elsewhere(to: Elsewhere) -> Self {
+        MultiDelete {
+            permits: Vec::new(),
+            hold: ObjectHold::none(),
+            refused: Vec::new(),
+            nothing_left: false,
+            records: Vec::new(),
+            elsewhere: Some(to),
+        }
+    }
 }
 
 /// A DeleteObjects whose keys' resources another replica owns.
@@ -80,26 +95,7 @@ impl Proxy {
         let session = admitted.verified.session.as_deref();
         let bucket = op.bucket.as_deref().unwrap_or_default();
         let body = read_body(out, MAX_BODY, "DeleteObjects").await?;
-        let mut delete = Delete::parse(&body)?;
-        // All or nothing, as for the fence: one key outside a session
-        // credential's scope refuses the whole request.
-        if let Some(s) = session
-            && let Some(o) = delete
-                .objects
-                .iter()
-                .find(|o| !s.allows_key(bucket, &o.key))
-        {
-            return Err(s.outside(&format!("{bucket}/{}", o.key)));
-        }
-        // Each key's resource, in the order of the keys.
-        let fencing: Vec<Option<String>> = delete
-            .objects
-            .iter()
-            .map(|o| match self.resolver.resolve(bucket, &o.key) {
-                Fencing::Fenced(r) => Some(r),
-                Fencing::Unfenced => None,
-            })
-            .collect();
+        let (mut delete, fencing) = self.read_keys(&body, bucket, session)?;
         let resources: BTreeSet<String> = fencing.iter().flatten().cloned().collect();
         let permits = match resources.iter().next() {
             None => Vec::new(),
@@ -110,18 +106,12 @@ impl Proxy {
                 match self.admit_all(&resources, t).await? {
                     AdmittedAll::Here(permits) => permits,
                     AdmittedAll::AtOwner(owner, epoch) => {
-                        return Ok(MultiDelete {
-                            permits: Vec::new(),
-                            hold: ObjectHold::none(),
-                            refused: Vec::new(),
-                            nothing_left: false,
-                            records: Vec::new(),
-                            elsewhere: Some(Elsewhere {
-                                owner: (owner, epoch),
-                                resources: named,
-                                body,
-                            }),
-                        });
+                        let owner = (owner, epoch);
+                        return Ok(MultiDelete::elsewhere(Elsewhere {
+                            owner,
+                            resources: named,
+                            body,
+                        }));
                     }
                 }
             }
@@ -151,6 +141,33 @@ impl Proxy {
             records,
             elsewhere: None,
         })
+    }
+
+    /// The body's keys, each within a session credential's scope (one key
+    /// outside it refuses the whole request, all or nothing as for the
+    /// fence), and each key's resource, in the order of the keys.
+    fn read_keys(
+        &self,
+        body: &[u8],
+        bucket: &str,
+        session: Option<&Session>,
+    ) -> Result<(Delete, Vec<Option<String>>), S3Error> {
+        let delete = Delete::parse(body)?;
+        if let Some(s) = session
+            && let Some(o) = delete
+                .objects
+                .iter()
+                .find(|o| !s.allows_key(bucket, &o.key))
+        {
+            return Err(s.outside(&format!("{bucket}/{}", o.key)));
+        }
+        let fencing = (delete.objects.iter())
+            .map(|o| match self.resolver.resolve(bucket, &o.key) {
+                Fencing::Fenced(r) => Some(r),
+                Fencing::Unfenced => None,
+            })
+            .collect();
+        Ok((delete, fencing))
     }
 
     /// The keys left in `delete`, each given its slot in the landing
