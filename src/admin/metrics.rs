@@ -34,6 +34,21 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| format!("metrics recorder: {e}"))?;
     spawn_upkeep(handle.clone(), UPKEEP_EVERY);
+    describe_all();
+    // Publish the counters at zero so that a scrape sees them before the
+    // first event.
+    metrics::counter!(RAISES).absolute(0);
+    metrics::gauge!(INFLIGHT_WRITES).set(0.0);
+    metrics::counter!(EAGER_RAISES).absolute(0);
+    metrics::counter!(QUARANTINES).absolute(0);
+    metrics::counter!(WRITES_IN_DOUBT).absolute(0);
+    metrics::gauge!(IN_DOUBT).set(0.0);
+    Ok(handle)
+}
+
+/// Each metric's `# HELP` line (`scripts/check-links` finds one for each
+/// name in [`crate::metric_names`]).
+fn describe_all() {
     describe_counter!(REQUESTS, "S3 requests by operation and outcome");
     describe_counter!(RAISES, "fence raises made durable");
     describe_histogram!(ADMISSION_WAIT, "seconds spent in admission");
@@ -102,15 +117,6 @@ pub fn install() -> Result<PrometheusHandle, String> {
         STARTUP_QUARANTINE,
         "1 while a start-up quarantine holds every newer token back"
     );
-    // Publish the counters at zero so that a scrape sees them before the
-    // first event.
-    metrics::counter!(RAISES).absolute(0);
-    metrics::gauge!(INFLIGHT_WRITES).set(0.0);
-    metrics::counter!(EAGER_RAISES).absolute(0);
-    metrics::counter!(QUARANTINES).absolute(0);
-    metrics::counter!(WRITES_IN_DOUBT).absolute(0);
-    metrics::gauge!(IN_DOUBT).set(0.0);
-    Ok(handle)
 }
 
 /// The recorder's configuration: latency histograms with fixed buckets.
