@@ -179,79 +179,55 @@ pub fn validate(locks: &LocksConfig, eager: &[EagerConfig]) -> Result<(), Config
         return Err(err("locks.postgres_poll_ms", "must be at least 50"));
     }
     for (i, e) in eager.iter().enumerate() {
-        let field = |f: &str| format!("eager[{i}].{f}");
-        if e.resource.is_empty() {
-            return Err(err(&field("resource"), "must not be empty"));
+        validate_eager(&format!("eager[{i}]"), e, locks)?;
+    }
+    Ok(())
+}
+
+/// One `[[eager]]` entry (`at`: `eager[i]`): a resource, and exactly one
+/// lock, named, on a lock service the config gives.
+fn validate_eager(at: &str, e: &EagerConfig, locks: &LocksConfig) -> Result<(), ConfigError> {
+    let field = |f: &str| format!("{at}.{f}");
+    if e.resource.is_empty() {
+        return Err(err(&field("resource"), "must not be empty"));
+    }
+    const ONE_OF: &str =
+        "give exactly one of etcd_lock, zookeeper_lock, redis_lock and postgres_lock";
+    let given = [
+        ("etcd_lock", &e.etcd_lock),
+        ("zookeeper_lock", &e.zookeeper_lock),
+        ("redis_lock", &e.redis_lock),
+        ("postgres_lock", &e.postgres_lock),
+    ];
+    let mut named = given
+        .iter()
+        .filter_map(|(f, v)| v.as_ref().map(|v| (*f, v)));
+    let (f, name) = match (named.next(), named.next()) {
+        (Some(one), None) => one,
+        (Some((f, _)), Some((g, _))) => {
+            return Err(err(&field(f), format!("{g} is given too: {ONE_OF}")));
         }
-        if let Some(name) = &e.postgres_lock {
-            if e.etcd_lock.is_some() || e.zookeeper_lock.is_some() || e.redis_lock.is_some() {
+        (None, _) => return Err(err(at, ONE_OF)),
+    };
+    if name.is_empty() {
+        return Err(err(&field(f), "must not be empty"));
+    }
+    let (service, missing) = match f {
+        "etcd_lock" => ("locks.etcd_endpoints", locks.etcd_endpoints.is_empty()),
+        "zookeeper_lock" => {
+            if !name.starts_with('/') || name.len() < 2 || name.ends_with('/') {
                 return Err(err(
-                    &field("postgres_lock"),
-                    "give exactly one of etcd_lock, zookeeper_lock, redis_lock and postgres_lock",
+                    &field(f),
+                    format!("{name:?} is not a ZooKeeper path like /locks/orders"),
                 ));
             }
-            if name.is_empty() {
-                return Err(err(&field("postgres_lock"), "must not be empty"));
-            }
-            if locks.postgres.is_none() {
-                return Err(err(
-                    "locks.postgres",
-                    format!("needed by {}", field("postgres_lock")),
-                ));
-            }
-            continue;
+            ("locks.zookeeper", locks.zookeeper.is_none())
         }
-        if let Some(key) = &e.redis_lock {
-            if e.etcd_lock.is_some() || e.zookeeper_lock.is_some() {
-                return Err(err(
-                    &field("redis_lock"),
-                    "give exactly one of etcd_lock, zookeeper_lock, redis_lock and postgres_lock",
-                ));
-            }
-            if key.is_empty() {
-                return Err(err(&field("redis_lock"), "must not be empty"));
-            }
-            if locks.redis.is_none() {
-                return Err(err(
-                    "locks.redis",
-                    format!("needed by {}", field("redis_lock")),
-                ));
-            }
-            continue;
-        }
-        match (&e.etcd_lock, &e.zookeeper_lock) {
-            (Some(_), Some(_)) | (None, None) => {
-                return Err(err(
-                    &field("etcd_lock"),
-                    "give exactly one of etcd_lock and zookeeper_lock",
-                ));
-            }
-            (Some(name), None) => {
-                if name.is_empty() {
-                    return Err(err(&field("etcd_lock"), "must not be empty"));
-                }
-                if locks.etcd_endpoints.is_empty() {
-                    return Err(err(
-                        "locks.etcd_endpoints",
-                        format!("needed by {}", field("etcd_lock")),
-                    ));
-                }
-            }
-            (None, Some(path)) => {
-                if !path.starts_with('/') || path.len() < 2 || path.ends_with('/') {
-                    return Err(err(
-                        &field("zookeeper_lock"),
-                        format!("{path:?} is not a ZooKeeper path like /locks/orders"),
-                    ));
-                }
-                if locks.zookeeper.is_none() {
-                    return Err(err(
-                        "locks.zookeeper",
-                        format!("needed by {}", field("zookeeper_lock")),
-                    ));
-                }
-            }
-        }
+        "redis_lock" => ("locks.redis", locks.redis.is_none()),
+        _ => ("locks.postgres", locks.postgres.is_none()),
+    };
+    if missing {
+        return Err(err(service, format!("needed by {}", field(f))));
     }
     Ok(())
 }
@@ -299,7 +275,13 @@ mod tests {
         let two = check(&format!(
             "{redis}[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\netcd_lock = \"r\"\n"
         ));
-        assert!(two.unwrap_err().contains("eager[0].redis_lock"));
+        let two = two.unwrap_err();
+        assert!(
+            two.contains("eager[0].etcd_lock") && two.contains("redis_lock"),
+            "{two}"
+        );
+        let none = check(&format!("{redis}[[eager]]\nresource = \"r\"\n"));
+        assert!(none.unwrap_err().contains("`eager[0]`: give exactly one"));
         let no_redis = check("[[eager]]\nresource = \"r\"\nredis_lock = \"r\"\n");
         assert!(no_redis.unwrap_err().contains("locks.redis"));
         let bad_redis = check("[locks]\nredis = \"127.0.0.1:6379\"\n");
