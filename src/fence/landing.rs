@@ -185,50 +185,7 @@ impl Landing {
     pub fn open(dir: &Path, fences_exist: bool) -> Result<Opened, String> {
         let path = dir.join(FILE);
         let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| fail("cannot open", e))?;
-        // One process a record: a second on the same data directory must
-        // not take the first one's slots for its predecessor's.
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(format!(
-                "another fencegate process uses the data directory {} (it holds {}): \
-                 each process needs a data directory of its own",
-                dir.display(),
-                path.display()
-            ));
-        }
-        let old_len = file.metadata().map_err(|e| fail("cannot read", e))?.len();
-        file.set_len(LEN as u64)
-            .map_err(|e| fail("cannot size", e))?;
-        // SAFETY: a shared read-write mapping of the whole (just sized)
-        // file; checked for failure below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(fail("cannot map", std::io::Error::last_os_error()));
-        }
-        let mut landing = Landing {
-            map: map.cast(),
-            taken: (0..SLOTS / 64).map(|_| AtomicU64::new(0)).collect(),
-            seed: 0,
-            overflow_logged: Default::default(),
-            _file: file,
-        };
+        let (mut landing, existed, old_len) = Landing::map_file(dir, &path)?;
         let boot = boot_id();
         let readable = existed && old_len == LEN as u64 && landing.bytes(0, 8) == MAGIC;
         let blanket = match (existed, readable) {
@@ -291,6 +248,58 @@ impl Landing {
             inherited,
             blanket,
         })
+    }
+
+    /// Opens (or makes) the file at `path`, takes its lock (one process a
+    /// record), sizes it and maps it. Also says whether it existed, and
+    /// its length before.
+    fn map_file(dir: &Path, path: &Path) -> Result<(Landing, bool, u64), String> {
+        let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| fail("cannot open", e))?;
+        // One process a record: a second on the same data directory must
+        // not take the first one's slots for its predecessor's.
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(format!(
+                "another fencegate process uses the data directory {} (it holds {}): \
+                 each process needs a data directory of its own",
+                dir.display(),
+                path.display()
+            ));
+        }
+        let old_len = file.metadata().map_err(|e| fail("cannot read", e))?.len();
+        file.set_len(LEN as u64)
+            .map_err(|e| fail("cannot size", e))?;
+        // SAFETY: a shared read-write mapping of the whole (just sized)
+        // file; checked for failure below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(fail("cannot map", std::io::Error::last_os_error()));
+        }
+        let landing = Landing {
+            map: map.cast(),
+            taken: (0..SLOTS / 64).map(|_| AtomicU64::new(0)).collect(),
+            seed: 0,
+            overflow_logged: Default::default(),
+            _file: file,
+        };
+        Ok((landing, existed, old_len))
     }
 
     /// Why the slots of a readable file cannot be trusted, if they cannot.
