@@ -169,8 +169,6 @@ async fn request(
     Ok((status, body))
 }
 
-/// `fencegate fences export --admin URL`: every fence of a running node,
-/// page by page, as JSON lines on `out`. Returns how many.
 /// `fencegate fences highest`: the highest fence of every resource (under
 /// `prefix`), page by page: what a lock service whose tokens went back must
 /// be bumped past (docs/lock-services.md, "When the tokens go back").
@@ -212,6 +210,8 @@ pub async fn highest(
     }
 }
 
+/// `fencegate fences export --admin URL`: every fence of a running node,
+/// page by page, as JSON lines on `out`. Returns how many.
 pub async fn export(base: &str, out: &mut dyn std::io::Write) -> Result<u64, String> {
     let base = base.trim_end_matches('/');
     let mut after: Option<String> = None;

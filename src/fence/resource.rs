@@ -9,7 +9,8 @@ use std::collections::HashMap;
 pub enum Fencing {
     /// Writes need a token checked against this resource.
     Fenced(String),
-    /// Writes need no token (a token, if given, is ignored).
+    /// Writes need no token (a token, if given, is read as anywhere, but
+    /// checked against no fence and raises none).
     Unfenced,
 }
 
