@@ -56,13 +56,6 @@ pub(super) fn list_keys<T>(
     max: usize,
     value: impl Fn(&str, &[u8]) -> S3Result<T>,
 ) -> S3Result<Page<T>> {
-    if max == 0 {
-        // S3 answers max-keys=0 with nothing, and not as truncated.
-        return Ok(Page {
-            entries: vec![],
-            truncated: false,
-        });
-    }
     let delimiter = delimiter.filter(|d| !d.is_empty());
     let roll_up = |key: &str| -> Option<String> {
         let d = delimiter?;
@@ -70,29 +63,10 @@ pub(super) fn list_keys<T>(
         rest.find(d)
             .map(|i| key[..prefix.len() + i + d.len()].to_string())
     };
-    // Where to start: after the marker, and past a whole common prefix
-    // when the marker is one.
-    let mut from: String = prefix.to_string();
-    let mut skip_equal = None;
-    if let Some(a) = after
-        && a >= prefix
-    {
-        match roll_up(a) {
-            Some(cp) if cp == a => match after_prefix(&cp) {
-                Some(next) => from = next,
-                None => {
-                    return Ok(Page {
-                        entries: vec![],
-                        truncated: false,
-                    });
-                }
-            },
-            _ => {
-                from = a.to_string();
-                skip_equal = Some(a.to_string());
-            }
-        }
-    }
+    // S3 answers max-keys=0 with nothing, and not as truncated.
+    let Some((mut from, mut skip_equal)) = start(prefix, after, roll_up).filter(|_| max > 0) else {
+        return Ok(Page::end(vec![], false));
+    };
     let mut entries = Vec::new();
     loop {
         let range = table.range((bucket, from.as_str())..).map_err(internal)?;
@@ -101,47 +75,53 @@ pub(super) fn list_keys<T>(
             let (k, v) = item.map_err(internal)?;
             let (b, key) = k.value();
             if b != bucket || !key.starts_with(prefix) {
-                return Ok(Page {
-                    entries,
-                    truncated: false,
-                });
+                return Ok(Page::end(entries, false));
             }
             if skip_equal.as_deref() == Some(key) {
                 continue;
             }
             if entries.len() == max {
-                return Ok(Page {
-                    entries,
-                    truncated: true,
-                });
+                return Ok(Page::end(entries, true));
             }
             match roll_up(key) {
                 Some(cp) => {
-                    jump = Some(after_prefix(&cp));
+                    jump = after_prefix(&cp);
                     entries.push(Entry::Prefix(cp));
                     break;
                 }
                 None => entries.push(Entry::Item(key.to_string(), value(key, v.value())?)),
             }
         }
-        match jump {
-            None => {
-                return Ok(Page {
-                    entries,
-                    truncated: false,
-                });
-            }
-            Some(None) => {
-                return Ok(Page {
-                    entries,
-                    truncated: false,
-                });
-            }
-            Some(Some(next)) => {
-                from = next;
-                skip_equal = None;
-            }
-        }
+        // After a common prefix, on past it (if any key can follow it).
+        let Some(next) = jump else {
+            return Ok(Page::end(entries, false));
+        };
+        from = next;
+        skip_equal = None;
+    }
+}
+
+/// Where a listing under `prefix` after the marker `after` starts: the key
+/// to seek, and a key equal to it to skip (the marker itself). Past a whole
+/// common prefix when the marker is one (`roll_up`); none when nothing can
+/// follow it.
+fn start(
+    prefix: &str,
+    after: Option<&str>,
+    roll_up: impl Fn(&str) -> Option<String>,
+) -> Option<(String, Option<String>)> {
+    let Some(a) = after.filter(|a| *a >= prefix) else {
+        return Some((prefix.to_string(), None));
+    };
+    match roll_up(a) {
+        Some(cp) if cp == a => after_prefix(&cp).map(|next| (next, None)),
+        _ => Some((a.to_string(), Some(a.to_string()))),
+    }
+}
+
+impl<T> Page<T> {
+    fn end(entries: Vec<Entry<T>>, truncated: bool) -> Self {
+        Page { entries, truncated }
     }
 }
 
