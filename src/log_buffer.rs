@@ -235,7 +235,7 @@ mod tests {
     }
 
     /// Four threads, each with a buffer of its own as serving threads
-    /// have, append 10 MB (twice `MAX`) into a slow output: every line
+    /// have, append 9 MB (about twice `MAX`) into a slow output: every line
     /// arrives, whole and in each thread's order.
     #[test]
     fn nothing_is_lost_or_torn_when_the_output_is_slow() {

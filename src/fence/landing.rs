@@ -21,8 +21,8 @@
 //!   on this same boot of the machine (`/proc/sys/kernel/random/boot_id`
 //!   unchanged, so the page cache was never lost): its whole slots are
 //!   exactly the writes that may still land, [`Opened::inherited`];
-//! - anything else (the machine restarted since, the file missing while
-//!   fences exist, more writes in flight than there were slots, or a
+//! - anything else (the machine restarted since, the file missing from a
+//!   data directory used before, more writes in flight than there were slots, or a
 //!   start-up quarantine that had not ended): nobody knows what may land,
 //!   and [`Opened::blanket`] says why. The caller then holds every newer
 //!   token back for the quarantine.
@@ -180,8 +180,10 @@ fn fnv(seed: u64, bytes: &[u8]) -> u64 {
 impl Landing {
     /// Opens (or makes) `<dir>/landing`, reads what the process before
     /// left, and marks the file as this process's. `fences_exist`: whether
-    /// the fence table holds anything (a missing file is then a blanket
-    /// start: it may be a first start of a version without the record).
+    /// the data directory was used before (its fence table, or a cluster
+    /// replica's incarnation file, is there): a missing file is then a
+    /// blanket start, as it may be a first start of a version without the
+    /// record.
     pub fn open(dir: &Path, fences_exist: bool) -> Result<Opened, String> {
         let path = dir.join(FILE);
         let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());

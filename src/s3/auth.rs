@@ -26,7 +26,8 @@ pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 /// How the body is protected, from `x-amz-content-sha256`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
-    /// `UNSIGNED-PAYLOAD`, or no header on a request without a body.
+    /// `UNSIGNED-PAYLOAD`, or no header at all (a presigned URL's form; a
+    /// header-signed request without it is taken alike, body or not).
     Unsigned,
     /// The hex SHA-256 of the whole body.
     Sha256([u8; 32]),

@@ -18,12 +18,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-/// The client's body as bytes. A connection that ends early is an
-/// incomplete body; a pause longer than `idle` is a request timeout. HTTP
-/// trailers are not used by S3 and are dropped.
-///
-/// The idle timer is armed only when the body has nothing ready: a small
-/// body that came with its head never touches the timer wheel.
 /// A body already read whole, as a stream of one piece.
 pub fn whole(body: Bytes) -> ByteStream {
     Box::pin(futures_util::stream::iter(
@@ -31,6 +25,12 @@ pub fn whole(body: Bytes) -> ByteStream {
     ))
 }
 
+/// The client's body as bytes. A connection that ends early is an
+/// incomplete body; a pause longer than `idle` is a request timeout. HTTP
+/// trailers are not used by S3 and are dropped.
+///
+/// The idle timer is armed only when the body has nothing ready: a small
+/// body that came with its head never touches the timer wheel.
 pub fn incoming(body: hyper::body::Incoming, idle: Duration) -> ByteStream {
     Box::pin(Incoming {
         body,

@@ -13,8 +13,9 @@
 //!   ready connection is handed out. One whose answer was dropped halfway
 //!   is closed by hyper and leaves the list.
 //! - A request that hyper hands back unsent (the backend closed a kept
-//!   connection just as it was picked) is sent again on a new connection;
-//!   one that was sent, even in part, is never sent twice.
+//!   connection just as it was picked) is sent again, on the next kept
+//!   connection or a new one; one that was sent, even in part, is never
+//!   sent twice.
 //! - Connections idle for longer than `idle` are closed when the list is
 //!   next looked at; the list never keeps more than `MAX_KEPT`.
 //! - Each serving thread (`workers`) has a list of its own: a connection
@@ -94,7 +95,7 @@ impl Pool {
                 }
                 Err(mut e) => match e.take_message() {
                     // Unsent on a kept connection that went away: again,
-                    // on a new connection.
+                    // on the next kept connection or a new one.
                     Some(unsent) if reused => req = unsent,
                     _ => return Err(e.into_error().into()),
                 },
@@ -119,7 +120,8 @@ impl Pool {
                 self.keep(sender);
                 Ok(resp)
             }
-            // A kept connection gone: the request, unsent, on a new one.
+            // A kept connection gone: the request, unsent, on the next
+            // kept connection or a new one.
             Err(mut e) => match e.take_message() {
                 Some(unsent) => self.send(unsent).await.map_err(|e| (e, true)),
                 None => Err((e.into_error().into(), true)),

@@ -24,8 +24,8 @@ pub enum Kind {
 pub enum Outcome {
     /// A 2xx answer (or 404 for a read of a log not written yet).
     Ok,
-    /// An answer that promises no effect: 409 StaleFencingToken,
-    /// 428 MissingFencingToken, 503 SlowDown.
+    /// An answer that promises no effect: 409 StaleFencingToken, any 428,
+    /// 503 SlowDown and 503 ServiceUnavailable (`workload::classify`).
     Refused(String),
     /// No answer, or one that does not say whether the write happened
     /// (connection reset, timeout, 502 BadGateway...).
