@@ -10,14 +10,14 @@
 //! above it is fencegate's work; what it costs itself is what any proxy on
 //! this stack pays.
 //!
-//! With `FLOOR_SIGV4=1` it also does the one part of fencegate's work no
-//! fencing proxy can skip, with fencegate's own code: it checks the
-//! client's SigV4 signature (`s3::auth::verify`, the demo credential),
-//! checks a body signed by its SHA-256 against that hash as it streams
-//! (`s3::body::sha256_checked`, its last bytes held back until the check
-//! passes: `fence::body_gate::body_gate`, without a permit), and re-signs
-//! the request for the backend (`s3::sign::HeaderSigner`, the sink's
-//! credential), and nothing else (path `floor+sigv4`).
+//! With `FLOOR_SIGV4` set (to any value) it also does the one part of
+//! fencegate's work no fencing proxy can skip, with fencegate's own code:
+//! it checks the client's SigV4 signature (`s3::auth::verify`, the demo
+//! credential), checks a body signed by its SHA-256 against that hash as
+//! it streams (`s3::body::sha256_checked`, its last bytes held back until
+//! the check passes: `fence::body_gate::body_gate`, without a permit), and
+//! re-signs the request for the backend (`s3::sign::HeaderSigner`, the
+//! sink's credential), and nothing else (path `floor+sigv4`).
 //!
 //!     cargo run --release --example floor_proxy -- 127.0.0.1:PORT http://BACKEND
 

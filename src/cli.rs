@@ -167,7 +167,8 @@ pub struct IssueArgs {
     #[arg(long)]
     pub scope: Vec<String>,
     /// Lifetime of the credentials in seconds (default: the server's
-    /// sessions.default_ttl_secs; at most its sessions.max_ttl_secs).
+    /// sessions.default_ttl_secs, or 900 s for `lock
+    /// --credentials-endpoint`; at most its sessions.max_ttl_secs).
     #[arg(long)]
     pub credentials_ttl: Option<u64>,
 }

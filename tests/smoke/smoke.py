@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Smoke test with real, unmodified clients: the aws CLI and boto3.
+"""Smoke test with real, unmodified clients: the aws CLI, boto3, rclone and s3cmd.
 
 Starts the fencegate binary given as argv[1] on free loopback ports with the
 embedded store and a fresh data directory, then drives it the way a user
