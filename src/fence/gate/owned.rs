@@ -198,29 +198,11 @@ impl Gate {
                 return Err(unavailable("this replica is stopping"));
             }
             if let Some(o) = self.owned_here(c, &slot) {
-                let landing = slot.lock().landing_until;
-                match landing {
-                    // The dead-looking owner is being asked whether it
-                    // is alive with nothing in flight: its first answer
-                    // (at most `PING_WAIT`) is worth the wait.
-                    Some(at) if at > deadline && slot.lock().asking => {
-                        if Instant::now() >= deadline {
-                            return Err(Refusal::Landing(at - Instant::now()));
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    // Past the wait: refused at once (nothing was done),
-                    // rather than held until the wait runs out.
-                    Some(at) if at > deadline => {
-                        return Err(Refusal::Landing(at - Instant::now()));
-                    }
-                    Some(at) if at > Instant::now() => {
-                        tokio::time::sleep_until(at).await;
-                        continue;
-                    }
-                    _ => return Ok(Owning::Here(slot, o.tenure)),
+                match landing_wait(&slot, deadline)? {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => return Ok(Owning::Here(slot, o.tenure)),
                 }
+                continue;
             }
             // The owner seen last, while its lease stands: no etcd.
             let seen = slot.lock().elsewhere.clone();
@@ -243,24 +225,7 @@ impl Gate {
                     tenure,
                     highest,
                     after_death,
-                } => {
-                    metrics::counter!(m::CLUSTER_TAKES).increment(1);
-                    let mut st = slot.lock();
-                    st.highest = st.highest.max(highest);
-                    st.loaded = true;
-                    st.elsewhere = None;
-                    if let Some(dead) = after_death {
-                        let until = Instant::now() + c.expired_hold();
-                        st.landing_until = st.landing_until.max(Some(until));
-                        st.asking = self.ask_predecessor(c, &slot, resource, dead, until);
-                    }
-                    st.owned = Some(Owned {
-                        tenure,
-                        touched: true,
-                        marked: true,
-                        busy: false,
-                    });
-                }
+                } => self.took(c, &slot, resource, tenure, highest, after_death),
                 Take::Theirs(replica, epoch) => {
                     slot.lock().elsewhere = Some((replica.clone(), epoch));
                     return Ok(Owning::By(replica, epoch));
@@ -282,6 +247,36 @@ impl Gate {
                 }
             }
         }
+    }
+
+    /// `resource` was taken here (`Take::Mine`): its slot owned under
+    /// `tenure`, and, after a dead owner, waiting out its quarantine while
+    /// its predecessor is asked whether anything of its was in flight.
+    fn took(
+        &self,
+        c: &Arc<Cluster>,
+        slot: &Arc<Slot>,
+        resource: &str,
+        tenure: Tenure,
+        highest: Option<u64>,
+        after_death: Option<Predecessor>,
+    ) {
+        metrics::counter!(m::CLUSTER_TAKES).increment(1);
+        let mut st = slot.lock();
+        st.highest = st.highest.max(highest);
+        st.loaded = true;
+        st.elsewhere = None;
+        if let Some(dead) = after_death {
+            let until = Instant::now() + c.expired_hold();
+            st.landing_until = st.landing_until.max(Some(until));
+            st.asking = self.ask_predecessor(c, slot, resource, dead, until);
+        }
+        st.owned = Some(Owned {
+            tenure,
+            touched: true,
+            marked: true,
+            busy: false,
+        });
     }
 
     /// While `slot` waits out a dead predecessor's quarantine (`until`),
@@ -627,5 +622,30 @@ impl Gate {
                 gate.unmark_quiet(&c).await;
             }
         });
+    }
+}
+
+/// Whether a slot owned here may admit now: `None` when it may; the
+/// instant to look again while a dead predecessor's quarantine runs; a
+/// refusal when that quarantine outlasts `deadline`.
+fn landing_wait(slot: &Slot, deadline: Instant) -> Result<Option<Instant>, Refusal> {
+    let (landing, asking) = {
+        let st = slot.lock();
+        (st.landing_until, st.asking)
+    };
+    let now = Instant::now();
+    match landing {
+        // The dead-looking owner is being asked whether it is alive with
+        // nothing in flight: its first answer (at most `PING_WAIT`) is
+        // worth the wait.
+        Some(at) if at > deadline && asking => match now >= deadline {
+            true => Err(Refusal::Landing(at - now)),
+            false => Ok(Some(now + Duration::from_millis(20))),
+        },
+        // Past the wait: refused at once (nothing was done), rather than
+        // held until the wait runs out.
+        Some(at) if at > deadline => Err(Refusal::Landing(at - now)),
+        Some(at) if at > now => Ok(Some(at)),
+        _ => Ok(None),
     }
 }
