@@ -18,7 +18,8 @@
 //!   the lock while the first holds it.
 //!
 //! A short slice of each; `scripts/cas-clients` runs them at full size.
-//! The clients are pinned in scripts/test (target/smoke-venv). With
+//! The clients are pinned in scripts/need.sh (`need_smoke_venv`,
+//! target/smoke-venv). With
 //! `FENCEGATE_UNSAFE_NO_HOLD=1` the delta-rs and SlateDB tests fail on
 //! Garage (the embedded store holds its conditions on its own).
 

@@ -15,9 +15,9 @@
 //!   collected.
 //!
 //! Records are JSON: readable with any redb tool, and extended without a
-//! migration (unknown fields are ignored, missing ones default). Fields
-//! that are absent or empty are not written: a plain object's record is
-//! about 120 bytes.
+//! migration (unknown fields are ignored; each optional field defaults
+//! when missing, so a new field must be one). Fields that are absent or
+//! empty are not written: a plain object's record is about 120 bytes.
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -109,10 +109,10 @@ pub struct ObjectRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadRecord {
     pub initiated_ms: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Headers::is_empty")]
     pub headers: Headers,
     /// The checksum algorithm the upload was created with, if any.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum_algorithm: Option<String>,
     /// `COMPOSITE` or `FULL_OBJECT`, with an algorithm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,7 +124,7 @@ pub struct PartRecord {
     pub segment: Segment,
     pub etag: String,
     pub last_modified_ms: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Checksums::is_empty")]
     pub checksums: Checksums,
 }
 
