@@ -118,29 +118,12 @@ pub async fn run(mut spec: LockSpec, command: Vec<String>) -> i32 {
             }
         },
     };
-    // Its own process group, so that stopping it reaches its children too.
-    let mut child = tokio::process::Command::new(&command[0]);
-    for name in &extra.remove {
-        child.env_remove(name);
-    }
-    let child = child
-        .args(&command[1..])
-        .env("FENCING_TOKEN", token.to_string())
-        .env("FENCING_LOCK_KEY", held.key())
-        .envs(extra.set)
-        .process_group(0)
-        .spawn();
     let _keep = extra.keep;
-    let mut child = match child {
+    let mut child = match spawn(&command, token, held.key(), &extra.remove, extra.set) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("fencegate lock: cannot run {}: {e}", command[0]);
+        Err(code) => {
             held.release().await;
-            return if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
+            return code;
         }
     };
     let group = child.id().map(|p| p as i32);
@@ -178,6 +161,37 @@ pub async fn run(mut spec: LockSpec, command: Vec<String>) -> i32 {
             1
         }
     }
+}
+
+/// Starts `command` in a process group of its own (so that stopping it
+/// reaches its children too), with the token and the lock's key in its
+/// environment, and `set` there, less `remove`. On failure, the exit
+/// status to use: 127 when the program is not found, else 126.
+fn spawn(
+    command: &[String],
+    token: u64,
+    key: &str,
+    remove: &[&str],
+    set: Vec<(String, String)>,
+) -> Result<tokio::process::Child, i32> {
+    let mut child = tokio::process::Command::new(&command[0]);
+    for name in remove {
+        child.env_remove(name);
+    }
+    let spawned = child
+        .args(&command[1..])
+        .env("FENCING_TOKEN", token.to_string())
+        .env("FENCING_LOCK_KEY", key)
+        .envs(set)
+        .process_group(0)
+        .spawn();
+    spawned.map_err(|e| {
+        eprintln!("fencegate lock: cannot run {}: {e}", command[0]);
+        match e.kind() {
+            std::io::ErrorKind::NotFound => 127,
+            _ => 126,
+        }
+    })
 }
 
 fn send(group: Option<i32>, sig: i32) {
