@@ -212,3 +212,22 @@ async fn stop(group: Option<i32>, child: &mut tokio::process::Child, grace: Dura
         let _ = child.wait().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::spawn;
+
+    #[tokio::test]
+    async fn a_command_gets_the_token_and_a_missing_one_exits_127() {
+        let cmd = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let missing = spawn(&cmd(&["/nonexistent/program"]), 7, "k", &[], vec![]);
+        assert_eq!(missing.err(), Some(127));
+        let not_runnable = spawn(&cmd(&["/"]), 7, "k", &[], vec![]);
+        assert_eq!(not_runnable.err(), Some(126));
+        let script = "test \"$FENCING_TOKEN/$FENCING_LOCK_KEY/$A/${HOME-unset}\" = 7/k/b/unset";
+        let env = vec![("A".to_string(), "b".to_string())];
+        let child = spawn(&cmd(&["sh", "-c", script]), 7, "k", &["HOME"], env);
+        let status = child.unwrap().wait().await.unwrap();
+        assert!(status.success());
+    }
+}
