@@ -231,20 +231,11 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         return Err(format!("--endpoint {endpoint:?} must be http://host:port"));
     }
     let block = super::pattern_block();
-    let payload = if args.op == Op::Put && args.size <= args.sha256_limit {
-        "sha256"
-    } else {
-        "unsigned"
-    };
-    let put_sha = if payload == "sha256" {
-        let mut h = <sha2::Sha256 as sha2::Digest>::new();
-        let mut body = GenBody::new(args.size, &block);
-        while let Some(Ok(f)) = body.frame().await {
-            sha2::Digest::update(&mut h, f.data_ref().expect("data frames"));
-        }
-        hex::encode(sha2::Digest::finalize(h))
-    } else {
-        "UNSIGNED-PAYLOAD".to_string()
+    let sha256 = args.op == Op::Put && args.size <= args.sha256_limit;
+    let payload = if sha256 { "sha256" } else { "unsigned" };
+    let put_sha = match sha256 {
+        true => body_sha256(args.size, &block).await,
+        false => "UNSIGNED-PAYLOAD".to_string(),
     };
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -268,19 +259,7 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         let _ = w.send(Method::PUT, &path, 0, EMPTY_SHA256).await;
     }
     if matches!(plan.args.op, Op::Get | Op::Head) && !plan.args.no_setup {
-        // Every worker's object must exist before GETs are timed.
-        for i in 0..concurrency {
-            let mut w = Worker::new(&plan, i);
-            let key = w.key.clone();
-            match w
-                .send(Method::PUT, &key, plan.args.size, "UNSIGNED-PAYLOAD")
-                .await
-            {
-                Ok(200) => {}
-                Ok(s) => return Err(format!("setting up {}: status {s}", w.key)),
-                Err(e) => return Err(format!("setting up {}: {e}", w.key)),
-            }
-        }
+        put_objects(&plan, concurrency).await?;
     }
     let duration = match (plan.args.duration, plan.args.requests) {
         (Some(d), _) => Some(d),
@@ -314,6 +293,33 @@ pub async fn run(args: LoadArgs) -> Result<Report, String> {
         tally,
         tags: plan.args.tags.clone(),
     })
+}
+
+/// The hex SHA-256 of the body a PUT of `size` sends.
+async fn body_sha256(size: u64, block: &Bytes) -> String {
+    let mut h = <sha2::Sha256 as sha2::Digest>::new();
+    let mut body = GenBody::new(size, block);
+    while let Some(Ok(f)) = body.frame().await {
+        sha2::Digest::update(&mut h, f.data_ref().expect("data frames"));
+    }
+    hex::encode(sha2::Digest::finalize(h))
+}
+
+/// Puts each worker's object, which must exist before GETs are timed.
+async fn put_objects(plan: &Arc<Plan>, workers: usize) -> Result<(), String> {
+    for i in 0..workers {
+        let mut w = Worker::new(plan, i);
+        let key = w.key.clone();
+        match w
+            .send(Method::PUT, &key, plan.args.size, "UNSIGNED-PAYLOAD")
+            .await
+        {
+            Ok(200) => {}
+            Ok(s) => return Err(format!("setting up {}: status {s}", w.key)),
+            Err(e) => return Err(format!("setting up {}: {e}", w.key)),
+        }
+    }
+    Ok(())
 }
 
 impl Plan {
