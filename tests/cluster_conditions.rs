@@ -1,13 +1,13 @@
 //! Conditional writes across replicas (CONTRACT §8, docs/cluster.md): the
-//! object hold is a key in etcd, so racing put-if-absent writers spread
-//! over three replicas still have one winner, and an unconditional write at
-//! one replica never lands between a conditional write's check and its
-//! write at another. Garage, which ignores every condition, is the store.
+//! object hold is a key in etcd (an object outside any fenced resource) or
+//! the owner's (one of a fenced resource, with owners, as here), so racing
+//! put-if-absent writers spread over three replicas still have one winner,
+//! and an unconditional write at one replica never lands between a
+//! conditional write's check and its write at another. Garage, which
+//! ignores every condition, is the store.
 //!
 //! With the cluster switched off (`FENCEGATE_TEST_CLUSTER_OFF=1`: each
-//! replica holds objects for itself only) these tests fail; the fenced one
-//! also fails when the hold its admission put does not wait for the
-//! conditional write's.
+//! replica holds objects for itself only) these tests fail.
 
 mod common;
 
@@ -103,8 +103,8 @@ async fn an_unconditional_write_at_one_replica_waits_for_a_conditional_one_at_an
     unconditional_waits_for_conditional("free/k", None).await;
 }
 
-/// The same on a fenced key: there the unconditional write's hold is put
-/// by its admission transaction, not by one of its own (docs/cluster.md).
+/// The same on a fenced key: there both writes go to the resource's owner,
+/// whose hold is in memory (docs/cluster.md).
 #[tokio::test]
 async fn a_fenced_write_at_one_replica_waits_for_a_conditional_one_at_another() {
     unconditional_waits_for_conditional("fenced/k", Some(7)).await;

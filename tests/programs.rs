@@ -363,6 +363,14 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
         !late.contains("exit 0"),
         "A's stale push went through: {late}"
     );
+    // Refused at its read of archive.info (its token is stale there too).
+    let a_out = rig.output("a");
+    assert!(
+        a_out.contains("failed with 409")
+            && a_out.contains("<Code>StaleFencingToken</Code>")
+            && a_out.contains("GET /demo/pgbr/archive/main/archive.info"),
+        "A was not refused 409 on archive.info: {a_out}"
+    );
     drop(a_job.finish());
 
     // The repository holds B's history: 4 and 5 are B's, 6 is not there.
