@@ -21,7 +21,7 @@ use common::{http_call, put_with_token};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::replicas::{ADMIN, NO_HOLD, TTL_MS, ready_status, replica_with, replicas};
+use common::replicas::{ADMIN, SHORT_HOLD, TTL_MS, ready_status, replica_with, replicas};
 
 fn started(token: u64) -> impl Fn(&Event) -> bool {
     move |e| matches!(e, Event::Start { token: Some(t), method, .. } if *t == token && method == "PUT")
@@ -239,7 +239,7 @@ async fn a_replica_killed_mid_write_holds_newer_writes_until_its_write_can_no_lo
     let etcd = EtcdCluster::start();
     let be = TestBackend::start().await;
     let backend = be.as_fencegate_backend();
-    // quarantine 5 s, lease 2 s: after the expiry, 5 - 4/5 * 2 = 3.4 s more.
+    // quarantine 5 s, lease 2 s: after the expiry, the 5 s of quarantine.
     let fence = |wait: u64| format!("admission_wait_ms = {wait}\nquarantine_ms = 5000\n");
     let mut a = replica_with(&backend, &etcd.endpoints_toml(), &fence(8000), TTL_MS);
     // B waits less than A's lease: while A's registration stands, B
@@ -304,7 +304,7 @@ async fn a_replica_paused_past_its_lease_does_not_complete_its_write() {
             replica_with(
                 &be.as_fencegate_backend(),
                 &etcd.endpoints_toml(),
-                NO_HOLD,
+                SHORT_HOLD,
                 TTL_MS,
             )
         })
@@ -347,8 +347,13 @@ async fn a_replica_cut_off_from_etcd_fails_its_write_before_the_last_bytes() {
     // raise can reach A then; only its lease's clock can tell it.
     let leader = etcd.leader();
     let relay = common::relay::Relay::start(etcd.endpoint(leader).trim_start_matches("http://"));
-    let a = replica_with(&backend, &format!("[\"{}\"]", relay.url()), NO_HOLD, TTL_MS);
-    let b = replica_with(&backend, &etcd.endpoints_toml(), NO_HOLD, TTL_MS);
+    let a = replica_with(
+        &backend,
+        &format!("[\"{}\"]", relay.url()),
+        SHORT_HOLD,
+        TTL_MS,
+    );
+    let b = replica_with(&backend, &etcd.endpoints_toml(), SHORT_HOLD, TTL_MS);
     let ra = Arc::new(RawClient::new(&a.endpoint()));
     let rb = RawClient::new(&b.endpoint());
     // A has heard of B before the cut (a replica learns its peers' addresses

@@ -12,7 +12,7 @@ use common::fencegate::{Backend, Fencegate};
 use common::http_call;
 use common::lock_holder::{Holder, wait_for_eager, wait_for_fence_above};
 use common::raw::{RawClient, RawRequest};
-use common::replicas::{NO_HOLD, TTL_MS, cluster_toml, replicas};
+use common::replicas::{SHORT_HOLD, TTL_MS, cluster_toml, replicas};
 use std::time::Duration;
 
 /// `fencegate fences export` / `import` with `args`; the output on success.
@@ -134,7 +134,7 @@ async fn eager_fencing_raises_once_per_holder_change_however_many_replicas_watch
     );
     let fg: Vec<Fencegate> = (0..3)
         .map(|_| {
-            let toml = format!("{}\n{eager}", cluster_toml(&endpoints, NO_HOLD, TTL_MS));
+            let toml = format!("{}\n{eager}", cluster_toml(&endpoints, SHORT_HOLD, TTL_MS));
             Fencegate::start(be.as_fencegate_backend(), &toml)
         })
         .collect();

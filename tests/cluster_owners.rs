@@ -34,7 +34,7 @@ use common::fencegate::Fencegate;
 use common::http_call;
 use common::raw::{RawClient, RawRequest, RawResponse};
 use common::replicas::{
-    ADMIN, NO_HOLD, TTL_MS, cluster_toml, ready_status, replica_with, replicas,
+    ADMIN, SHORT_HOLD, TTL_MS, cluster_toml, ready_status, replica_with, replicas,
 };
 use std::sync::Arc;
 
@@ -165,7 +165,7 @@ async fn a_forwarded_request_is_admitted_only_by_the_tenure_it_was_sent_to() {
     assert_eq!(be.object("demo", "k").unwrap(), "b");
 }
 
-/// Three replicas without a hold after an expiry, the first the owner of
+/// Three replicas with a short hold after an expiry, the first the owner of
 /// /demo/k (a token-1 write through it), and a client of each.
 async fn three_with_an_owner(
     etcd: &EtcdCluster,
@@ -173,7 +173,7 @@ async fn three_with_an_owner(
 ) -> (Vec<Fencegate>, Vec<Arc<RawClient>>) {
     let (backend, ep) = (be.as_fencegate_backend(), etcd.endpoints_toml());
     let fg: Vec<_> = (0..3)
-        .map(|_| replica_with(&backend, &ep, NO_HOLD, TTL_MS))
+        .map(|_| replica_with(&backend, &ep, SHORT_HOLD, TTL_MS))
         .collect();
     let c: Vec<_> = fg
         .iter()
@@ -278,8 +278,13 @@ async fn a_raise_elsewhere_is_answered_only_once_the_owner_applied_it() {
     let backend = be.as_fencegate_backend();
     let leader = etcd.leader();
     let relay = common::relay::Relay::start(etcd.endpoint(leader).trim_start_matches("http://"));
-    let a = replica_with(&backend, &format!("[\"{}\"]", relay.url()), NO_HOLD, 5000);
-    let b = replica_with(&backend, &etcd.endpoints_toml(), NO_HOLD, 5000);
+    let a = replica_with(
+        &backend,
+        &format!("[\"{}\"]", relay.url()),
+        SHORT_HOLD,
+        5000,
+    );
+    let b = replica_with(&backend, &etcd.endpoints_toml(), SHORT_HOLD, 5000);
     let ra = RawClient::new(&a.endpoint());
     assert_eq!(
         ra.send(RawRequest::put("/demo/k", "1").token(1))
@@ -384,7 +389,7 @@ async fn replicas_forward_to_each_other_over_tls() {
     );
     let cluster = format!(
         "{}peer_ca_file = \"{}\"\n",
-        cluster_toml(&etcd.endpoints_toml(), NO_HOLD, TTL_MS),
+        cluster_toml(&etcd.endpoints_toml(), SHORT_HOLD, TTL_MS),
         cert.display()
     );
     let fg: Vec<_> = (0..2)

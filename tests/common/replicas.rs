@@ -9,10 +9,10 @@ pub const ADMIN: &str = "cluster-admin-token-0123";
 /// for a dead replica's lease are quick.
 pub const TTL_MS: u64 = 2000;
 
-/// A quarantine shorter than 4/5 of the lease: no hold after an expiry.
-/// For the tests whose lower write never had its whole body at the backend
-/// (the replica stops it first); the hold has a test of its own.
-pub const NO_HOLD: &str = "admission_wait_ms = 8000\nquarantine_ms = 1000\n";
+/// A short quarantine: newer writes wait 1 s after an expiry. For the
+/// tests whose lower write never had its whole body at the backend (the
+/// replica stops it first); the hold has a test of its own.
+pub const SHORT_HOLD: &str = "admission_wait_ms = 8000\nquarantine_ms = 1000\n";
 
 /// The config tables of a replica: `[fence]` with `fence_lines`, and
 /// `[cluster]`. `FENCEGATE_TEST_CLUSTER_OFF=1` leaves `[cluster]` out: each

@@ -76,6 +76,20 @@ impl Lease {
         ttl / 5
     }
 
+    /// How long newer writes wait after a lease of `ttl` expired, for the
+    /// writes its replica may have left at the backend: the whole
+    /// `quarantine` (the longest the backend takes to apply what it has).
+    /// A replica cut off from etcd but not from the backend goes on
+    /// sending last bytes while its lease is fresh, up to `ttl - margin`
+    /// after its last keep-alive was sent; the margin covers those bytes on
+    /// their way and the clocks, so they are at the backend by the expiry,
+    /// and not earlier. (A hold of the quarantine less 4/5 of the TTL
+    /// assumed the bytes went before the last keep-alive, which holds only
+    /// for a replica killed.)
+    pub fn hold_after_expiry(quarantine: Duration) -> Duration {
+        quarantine
+    }
+
     /// The current lease and its generation, when it is fresh.
     pub fn current(&self) -> Option<(i64, u64)> {
         let st = *self.lock();
@@ -184,6 +198,38 @@ impl Lease {
                 Ok(Ok(Some(_))) => return "etcd says the lease has expired".into(),
                 _ => stream = None,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last bytes a replica may send under a lease (while it is
+    /// fresh), applied by the backend as late as the quarantine allows,
+    /// land before the newer writes that wait the hold after the lease's
+    /// earliest expiry, `ttl` after its last keep-alive was sent.
+    #[test]
+    fn what_a_lapsing_lease_sent_lands_before_the_hold_after_its_expiry_ends() {
+        for (ttl_ms, quarantine_ms) in [(2000, 5000), (5000, 30000), (5000, 1000), (10000, 0)] {
+            let (ttl, quarantine) = (
+                Duration::from_millis(ttl_ms),
+                Duration::from_millis(quarantine_ms),
+            );
+            let lease = Lease::new(ttl);
+            lease.lock().id = 1;
+            let sent = Duration::from_secs(100);
+            lease.renewed(1, sent, ttl);
+            let last_bytes = lease.lock().safe_until;
+            let expiry = sent + ttl;
+            let newer = expiry + Lease::hold_after_expiry(quarantine);
+            assert!(
+                last_bytes + quarantine <= newer,
+                "ttl {ttl_ms} ms, quarantine {quarantine_ms} ms: a write sent at {last_bytes:?} \
+                 may land at {:?}, after newer writes go at {newer:?}",
+                last_bytes + quarantine
+            );
         }
     }
 }

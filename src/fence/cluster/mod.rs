@@ -255,9 +255,10 @@ impl Cluster {
     ///
     /// `quarantine` is `fence.quarantine_ms`: the longest the backend may
     /// take to apply a request it already has. A write whose replica lost
-    /// its lease had its body at the backend, at the latest, when the
-    /// replica last renewed (at least 4/5 of the TTL before the expiry), so
-    /// newer writes wait the rest of the quarantine after the expiry.
+    /// its lease had its body at the backend by the expiry, at the latest
+    /// (a replica cut off from etcd sends while its lease is fresh), so
+    /// newer writes wait the quarantine after the expiry
+    /// ([`Lease::hold_after_expiry`]).
     ///
     /// `data_dir` names the process that used it before
     /// (`incarnation.rs`): what that one left in etcd is ended first, for
@@ -271,7 +272,7 @@ impl Cluster {
     ) -> Result<Arc<Cluster>, String> {
         let (mut cluster, deregistered) = Cluster::connect(cfg).await?;
         let ttl = cluster.lease.ttl();
-        cluster.expired_hold = quarantine.saturating_sub(ttl * 4 / 5);
+        cluster.expired_hold = Lease::hold_after_expiry(quarantine);
         cluster.claim = Some(incarnation::claim(data_dir, &cluster.replica)?);
         cluster.doubts = Some(doubts);
         let cluster = Arc::new(cluster);
