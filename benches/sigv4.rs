@@ -47,8 +47,6 @@ enum Form {
     Presigned,
 }
 
-/// A client's PUT as an SDK sends it, signed by aws-sigv4: its headers and
-/// its raw query (empty but for a presigned URL's parameters).
 /// aws-sigv4's parameters for S3 in `region`, signed now.
 fn aws_params<'a>(
     identity: &'a aws_smithy_runtime_api::client::identity::Identity,
@@ -66,6 +64,8 @@ fn aws_params<'a>(
         .into()
 }
 
+/// A client's PUT as an SDK sends it, signed by aws-sigv4: its headers and
+/// its raw query (empty but for a presigned URL's parameters).
 fn client_put(form: Form) -> (HeaderMap, String) {
     let mut h = HeaderMap::new();
     h.insert("host", "127.0.0.1:9000".parse().unwrap());

@@ -6,8 +6,8 @@
 //! - the steady state costs etcd nothing, and forwarded writes are fenced
 //!   as local ones;
 //! - a forwarded request is admitted only by the tenure it was sent to;
-//! - writes streaming through every replica while the owner is killed stay
-//!   in token order at the backend;
+//! - writes streaming through the two other replicas while the owner is
+//!   killed stay in token order at the backend;
 //! - a burst of raises at replicas that do not own the resource, while its
 //!   owner dies and the resource moves, each refuses lower tokens at once;
 //! - a raise at a replica that does not own the resource is answered only
@@ -184,8 +184,8 @@ async fn three_with_an_owner(
     (fg, c)
 }
 
-/// Writes with rising tokens go through every replica in turn while the
-/// owner is killed: every write answered 200 reached the backend in token
+/// Writes with rising tokens go through the two replicas that do not own
+/// the resource, in turn, while the owner is killed: every write answered 200 reached the backend in token
 /// order, and the last one is what the backend keeps.
 #[tokio::test]
 async fn writes_stay_in_token_order_while_their_owner_is_killed() {

@@ -21,9 +21,12 @@
 //!     first, the write in doubt cannot land after it. After an `If-Match`
 //!     doubt, its body's MD5 (the ETag it leaves) must not be the one the
 //!     doubt expects, or the object would come back to it (checked before
-//!     its last bytes go: `Permit::guards`). A copy or completed upload,
-//!     whose ETag cannot be known before, waits; so does a delete after
-//!     an `If-None-Match` doubt (the key would be free again).
+//!     its last bytes go: `Permit::guards`), and a PutObject whose ETag is
+//!     not its MD5 (SSE-C, KMS) waits. A copy or completed upload, whose
+//!     ETag cannot be known before, waits after an `If-Match` doubt and
+//!     goes at once after an `If-None-Match` one (it takes the key either
+//!     way); a delete waits after an `If-None-Match` doubt (the key would
+//!     be free again).
 //!   - The doubt is **settled** once a look at the object (a HEAD, by the
 //!     proxy, `proxy/in_doubt.rs`) finds it no longer what the condition
 //!     wants: the write landed, or never can. Until then a read with a

@@ -6,8 +6,9 @@
 //! [`Watch`] in its own file (etcd's watch, ZooKeeper's watches, Redis'
 //! keyspace notifications, PostgreSQL's polls of `pg_locks`). The pacing
 //! (one [`Backoff`], reset when the watch is up) and the log line (a
-//! warning naming the service, the lock and the reason, once per reason
-//! while the watch stays down) are here, the same for all four.
+//! warning naming the service, the lock and the reason, logged when the
+//! watch goes down and again whenever the reason changes while it stays
+//! down) are here, the same for all four.
 
 use super::{Backoff, LockError, Seen};
 use std::time::Duration;

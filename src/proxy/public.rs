@@ -105,7 +105,10 @@ impl Proxy {
     /// The CORS headers for an error fencegate answers itself: what the
     /// backend's preflight of the same method, bucket and key allows the
     /// request's origin, plus fencegate's own headers exposed. `None` when
-    /// the request is not cross-origin or the backend allows nothing.
+    /// the request is not cross-origin (or names no bucket), is itself a
+    /// preflight, failed at the backend (`502`: the backend's own failure),
+    /// or the backend allows nothing or does not answer within
+    /// `CORS_ASK_TIMEOUT`.
     pub(super) async fn cors_for_error(
         &self,
         ctx: &RequestCtx,

@@ -259,8 +259,9 @@ impl Upstream {
             .map_err(|e| S3Error::InvalidArgument(format!("cannot build upstream URL: {e}")))
     }
 
-    /// Signs (unless anonymous) and sends `out`; resolves with the backend's
-    /// response head.
+    /// Signs and sends `out`; resolves with the backend's response head.
+    /// Not signed: an anonymous request, and to the embedded store in
+    /// process, any but the aws-chunked trailer form (see there).
     pub async fn send(&self, out: Outgoing) -> Result<Response<AnswerBody>, S3Error> {
         let uri = self.uri(&out)?;
         let mut headers = out.headers;

@@ -36,8 +36,9 @@ pub enum Event {
     BodyAborted { key: String, token: Option<u64> },
     /// The answer to a PUT went out (the write is done).
     Responded { key: String, token: Option<u64> },
-    /// A PUT or DELETE whose condition did not hold when it was applied:
-    /// refused (412), nothing changed.
+    /// A PUT whose condition did not hold when it was applied: refused
+    /// (412), nothing changed. (A refused DELETE answers 412 and records
+    /// nothing.)
     Refused { key: String, token: Option<u64> },
 }
 

@@ -88,11 +88,10 @@ pub struct WriterFaults {
 /// outcome) and with a short timeout (2.5 s): a writer whose answer is held
 /// gives up (indeterminate) and releases its lock while its write is still
 /// in flight, which is what fencegate's ordering barrier is for. It does not
-/// validate response checksums: the embedded store (s3s-fs) renames the
-/// object into place before it saves the object's checksum beside it, so
-/// after a kill -9 between the two it serves the new object with the old
-/// checksum (docs/torture.md). The log format is checked line by line
-/// instead.
+/// validate response checksums, and the log format is checked line by line
+/// instead: the embedded store of the time (s3s-fs) could serve a new
+/// object with the old checksum after a kill -9 (docs/torture.md, "Found
+/// on the way"); fencegate's own store commits both in one record now.
 pub fn s3_client(endpoint: &str, key: &str, secret: &str, region: &str) -> aws_sdk_s3::Client {
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version_latest()

@@ -22,9 +22,10 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// Admissions in one transaction, at most. etcd limits the operations of a
-/// transaction (`--max-txn-ops`, 128 by default) and gives a nested one what
-/// its parent has left: a batch of 64 admissions of up to 7 operations
-/// each needs `--max-txn-ops` of at least 71.
+/// transaction (`--max-txn-ops`, 128 by default) and gives a nested one
+/// what its parents left: a batch of 64 admissions, each three
+/// transactions deep with up to 5, 5 and 4 operations (`keys::admission`),
+/// needs `--max-txn-ops` of at least 78.
 const MAX_BATCH: usize = 64;
 /// Batches on their way at once.
 const IN_FLIGHT: usize = 2;

@@ -283,9 +283,11 @@ impl Gate {
     /// asks that replica every [`ASK_EVERY`] whether anything of its own
     /// can still land on `resource`: a replica that was only paused or cut
     /// off from etcd, and answers that nothing is in flight there, ends
-    /// the wait. A replica killed never answers (a restarted one has
-    /// another name, and says so), and the wait runs its course. True when
-    /// it asks (the caller, holding the slot's lock, marks it `asking`).
+    /// the wait. A replica killed and not restarted never answers, and the
+    /// wait runs its course; one restarted on its data directory has
+    /// another name, and answers for its predecessor from the landing
+    /// record (`nothing_landing`). True when it asks (the caller,
+    /// holding the slot's lock, marks it `asking`).
     fn ask_predecessor(
         &self,
         c: &Cluster,
@@ -325,9 +327,12 @@ impl Gate {
     /// Whether nothing of this replica's can still land on `resource`,
     /// asked by a successor about `replica` (`ask_predecessor`): this is
     /// that replica, it holds no standing tenure there, and no write of
-    /// its own (conditioned or not) is in flight there (a write whose outcome is unknown keeps
-    /// its entry for the quarantine; a tenure that no longer stands admits
-    /// nothing more: `try_admit`).
+    /// its own (conditioned or not) is in flight there (a write whose
+    /// outcome is unknown keeps its entry for the quarantine; a tenure that
+    /// no longer stands admits nothing more: `try_admit`). Or `replica` is
+    /// the process that used this data directory before, and none of its
+    /// writes in doubt (from the landing record) may still land there
+    /// (`Doubts::unordered_on`).
     pub fn nothing_landing(&self, replica: &str, resource: &str) -> bool {
         let Some(c) = &self.cluster else { return false };
         if replica != c.replica_name() {
