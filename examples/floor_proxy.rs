@@ -1,8 +1,10 @@
 //! The floor under fencegate's CPU per request (docs/benchmarks-log.md, "What the
-//! throughput target asks"): a proxy on fencegate's own stack that does
-//! none of fencegate's work. It has tokio's default runtime, hyper's HTTP/1
-//! server with the same timer and header-read timeout, fencegate's backend
-//! pool (`upstream::pool`) and jemalloc. Each request goes to the backend
+//! throughput target asks"): a proxy on fencegate's libraries that does
+//! none of fencegate's work. It has hyper's HTTP/1 server with the same
+//! timer and header-read timeout, fencegate's backend pool
+//! (`upstream::pool`) and jemalloc, but tokio's default (work-stealing)
+//! runtime, where fencegate runs a single-threaded runtime per serving
+//! thread (`workers`). Each request goes to the backend
 //! as it came, with its headers, and the answer comes back: no signature
 //! checked or made, no fence, no log line, no metric.
 //!

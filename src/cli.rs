@@ -248,6 +248,7 @@ pub enum FencesAction {
 #[derive(Debug, Clone, Args, Default)]
 pub struct ServeArgs {
     /// Config file (TOML). Default: config/fencegate.toml if it exists.
+    /// (This and the three below: `serve` and `fences` only.)
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
     /// S3 API address, overrides server.listen.
@@ -262,6 +263,17 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Whether any of these flags was given. They are global (so that
+    /// `fencegate fences ... --config F` reads as `fencegate --config F
+    /// fences ...`), but only `serve` and `fences` read them: the other
+    /// commands refuse them rather than ignore them.
+    pub fn any(&self) -> bool {
+        self.config.is_some()
+            || self.listen.is_some()
+            || self.admin_listen.is_some()
+            || self.data_dir.is_some()
+    }
+
     /// The effective configuration: file, then flags, then validation.
     pub fn load(&self) -> Result<Config, ConfigError> {
         let mut cfg = match &self.config {

@@ -18,6 +18,17 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn main() -> ExitCode {
     fencegate::access::install_crypto_provider();
     let cli = Cli::parse();
+    let serving_flags = matches!(
+        cli.command,
+        None | Some(Command::Serve(_) | Command::Fences(_))
+    );
+    if !serving_flags && cli.serve.any() {
+        eprintln!(
+            "fencegate: --config, --listen, --admin-listen and --data-dir are for serve and \
+             fences; this command does not read them"
+        );
+        return ExitCode::from(2);
+    }
     match cli.command {
         Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
         Some(Command::Fences(f)) => fences(f, cli.serve),

@@ -10,6 +10,27 @@ use common::fencegate::{Backend, Fencegate, run_with_config};
 use common::raw::{RawClient, RawRequest};
 use std::sync::Arc;
 
+/// The config flags are for `serve` and `fences`; the other commands read
+/// no config, and refuse them rather than run without what was asked.
+#[test]
+fn the_config_flags_are_refused_where_nothing_reads_them() {
+    for args in [
+        &["lock", "--etcd", "http://127.0.0.1:1", "x", "--", "true"][..],
+        &["credentials", "--token", "1"][..],
+        &[
+            "bench",
+            "--endpoint",
+            "http://127.0.0.1:1",
+            "--requests",
+            "1",
+        ][..],
+    ] {
+        let (code, stderr) = run_with_config("", args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--config"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn bad_config_exits_2_naming_the_field() {
     let cases = [

@@ -419,7 +419,7 @@ async fn eager_fencing_and_cluster_mode_over_a_secure_etcd() {
 }
 
 /// Runs fencegate on `config`, expecting start-up to fail: its exit code
-/// and stderr (`None` if it was still running after 30 s, and was killed).
+/// and stderr. Still running after 30 s, it is killed and the test fails.
 fn start_fails(config: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");

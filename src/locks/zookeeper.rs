@@ -44,7 +44,8 @@ async fn connect(
 }
 
 /// One session, for the start-up check: `(permanent, why)` on failure,
-/// permanent when SASL was refused.
+/// permanent when SASL was refused or TLS failed (`ca_file`, `tcp+tls`, no
+/// TLS session): a config to fix, which stops start-up.
 pub async fn check(servers: &str, access: &AccessConfig) -> Result<(), (bool, String)> {
     match connect(servers, access, Duration::from_secs(10)).await {
         Ok(_) => Ok(()),

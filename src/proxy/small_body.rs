@@ -102,7 +102,8 @@ pub(super) async fn read_small_body(mut body: ProxyBody, limit: usize) -> Result
 
 impl Proxy {
     /// CreateBucket: the backend gets the location constraint of its own
-    /// region (`s3::bucket_config`), whatever region the client named.
+    /// region (`s3::bucket_config`); a client that names a region other
+    /// than fencegate's is refused (`400 IllegalLocationConstraintException`).
     pub(super) async fn create_bucket_body(&self, out: &mut Outgoing) -> Result<(), S3Error> {
         let xml = read_body(out, bucket_config::MAX_BODY, "CreateBucket").await?;
         let backend_region = &self.upstream.target().region;

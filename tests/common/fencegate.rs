@@ -160,15 +160,15 @@ impl Fencegate {
         self.child.id()
     }
 
-    /// Everything fencegate logged so far (all its runs). Its log lines
-    /// are written by a thread of their own, just after the request they
-    /// describe was answered: this waits until the file has stopped
-    /// growing (for 100 ms) before reading it.
     /// The log as it is now, without waiting for it to settle.
     pub fn log_now(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// Everything fencegate logged so far (all its runs). Its log lines
+    /// are written by a thread of their own, just after the request they
+    /// describe was answered: this waits until the file has stopped
+    /// growing (for 100 ms) before reading it.
     pub fn logs(&self) -> String {
         let len = || std::fs::metadata(&self.log_path).map_or(0, |m| m.len());
         let mut last = len();

@@ -13,9 +13,10 @@ use tokio::sync::watch;
 
 impl Gate {
     /// [`Gate::admit`] for a write that replaces or deletes `object`
-    /// without conditions. In cluster mode its shared hold on the object is
-    /// put by the admission's own transaction (one etcd round trip for
-    /// both) and returned; elsewhere the hold is `None` and taken apart.
+    /// without conditions. In cluster mode without owners (and with holds
+    /// on), its shared hold on the object is put by the admission's own
+    /// transaction (one etcd round trip for both) and returned; elsewhere,
+    /// owners included, the hold is `None` and taken apart.
     pub async fn admit_sharing(
         &self,
         resource: &str,
