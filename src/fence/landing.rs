@@ -177,6 +177,29 @@ fn fnv(seed: u64, bytes: &[u8]) -> u64 {
     h.max(1)
 }
 
+/// Opens (or makes) `path`, a file of the data directory `dir`, to read
+/// and write, under an exclusive lock that lasts while it is open: a
+/// second process on the same data directory is refused, and told why.
+pub fn open_locked(dir: &Path, path: &Path) -> Result<std::fs::File, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "another fencegate process uses the data directory {} (it holds {}): \
+             each process needs a data directory of its own",
+            dir.display(),
+            path.display()
+        ));
+    }
+    Ok(file)
+}
+
 impl Landing {
     /// Opens (or makes) `<dir>/landing`, reads what the process before
     /// left, and marks the file as this process's. `fences_exist`: whether
@@ -258,24 +281,9 @@ impl Landing {
     fn map_file(dir: &Path, path: &Path) -> Result<(Landing, bool, u64), String> {
         let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
         let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| fail("cannot open", e))?;
         // One process a record: a second on the same data directory must
         // not take the first one's slots for its predecessor's.
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(format!(
-                "another fencegate process uses the data directory {} (it holds {}): \
-                 each process needs a data directory of its own",
-                dir.display(),
-                path.display()
-            ));
-        }
+        let file = open_locked(dir, path)?;
         let old_len = file.metadata().map_err(|e| fail("cannot read", e))?.len();
         file.set_len(LEN as u64)
             .map_err(|e| fail("cannot size", e))?;

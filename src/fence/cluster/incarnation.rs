@@ -41,7 +41,6 @@ use super::keys::prefix_end;
 use super::{Cluster, call};
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -65,22 +64,7 @@ pub fn claim(dir: &Path, name: &str) -> Result<Claim, String> {
     let path = dir.join(FILE);
     let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
     std::fs::create_dir_all(dir).map_err(|e| fail("cannot create the directory of", e))?;
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| fail("cannot open", e))?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "another fencegate process uses the data directory {} (it holds {}): \
-             each replica needs a data directory of its own",
-            dir.display(),
-            path.display()
-        ));
-    }
+    let mut file = crate::fence::landing::open_locked(dir, &path)?;
     let mut old = String::new();
     file.read_to_string(&mut old)
         .map_err(|e| fail("cannot read", e))?;
