@@ -1,8 +1,10 @@
 //! `fencegate bench store`: the embedded store on its own, serving S3 on a
 //! port with a credential the caller names, so that BENCHMARKS.md can set
 //! it beside other stores (s3s-fs, Garage) with nothing of the proxy in
-//! front. It is the same code the embedded default runs
-//! (`upstream::embedded::serve`).
+//! front. It is the store the embedded default runs, served as on a socket
+//! (`upstream::embedded::serve`): every request through s3s, where the
+//! default in process answers a plain GET or HEAD without it
+//! (`upstream::plain_read`).
 
 use crate::store::Store;
 use crate::upstream::embedded;

@@ -64,7 +64,8 @@ pub enum Touch<'a> {
     /// A PutObject of this object; `md5_etag`: whether the ETag it leaves
     /// is its body's MD5 (no customer or KMS key named).
     Put { object: &'a str, md5_etag: bool },
-    /// A DeleteObject (or one key of DeleteObjects) of this object.
+    /// A DeleteObject of this object. (DeleteObjects admits each key as
+    /// `Other`, which waits where this would pass.)
     Delete { object: &'a str },
     /// A CopyObject or CompleteMultipartUpload to this object: it replaces
     /// it with an ETag not known before.

@@ -81,7 +81,8 @@ impl TakenLock {
         }
     }
 
-    /// The lock's key in the service (etcd key or ZooKeeper node path).
+    /// The lock's key in the service: the etcd key, the ZooKeeper node
+    /// path, the Redis key, or PostgreSQL's lock name.
     pub fn key(&self) -> &str {
         match self {
             TakenLock::Etcd(l) => &l.key,

@@ -61,8 +61,9 @@ pub(crate) trait Watch {
     fn lock(&self) -> &str;
 
     /// Connects and sets the watch up, reading the lock afresh where the
-    /// service needs it; a holder that changed while the watch was down is
-    /// reported here, as a raise. `Ok` means the watch is up.
+    /// service needs it. A holder that changed while the watch was down is
+    /// reported as a raise: here (etcd), or by `follow`'s first reading
+    /// (ZooKeeper, PostgreSQL). `Ok` means the watch is up.
     async fn connect(&mut self, seen: Report<'_>) -> Result<Self::Session, Broken>;
 
     /// Follows the lock, reporting each raise, until the watch breaks. A

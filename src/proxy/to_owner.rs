@@ -227,7 +227,8 @@ impl Proxy {
     }
 
     /// The connection to replica `owner`, which owns `resource`; `None`
-    /// when its lease is gone, or going (the resource is free soon).
+    /// when it has no address in etcd (its lease is gone: the resource is
+    /// free soon). An owner this replica sees down is `SlowDown`.
     async fn owner_peer(&self, owner: &str, resource: &str) -> Result<Option<Arc<Peer>>, S3Error> {
         let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
             return Err(S3Error::Internal("forwarding outside cluster mode".into()));

@@ -1,6 +1,7 @@
 //! The conditions a write of an object is checked against: `If-None-Match`
 //! and `If-Match` of a PutObject, a CompleteMultipartUpload and a
-//! CopyObject's destination, and the `412` a failed one answers. They are
+//! CopyObject's destination, and the `412` a failed one answers (`404
+//! NoSuchKey` for an `If-Match` on no object, as AWS). They are
 //! checked in the step that commits the write (`commit.rs`), against the
 //! object as that step sees it, so a condition holds for the change it
 //! lets through. (A delete's conditions are `delete.rs`'s, a read's

@@ -12,7 +12,8 @@ use super::{Store, check_key, check_version, internal, now_ms, timestamp};
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
-/// The bucket, key and version a copy reads.
+/// The bucket and key a copy reads; a version other than `null` (or none)
+/// is `NoSuchVersion`, as the store keeps one version.
 pub(super) fn copy_source(src: &CopySource) -> S3Result<(String, String)> {
     match src {
         CopySource::Bucket {

@@ -1,7 +1,7 @@
 //! Where and as whom fencegate talks to the backend: the one description
 //! that the client (`client.rs`), the embedded store served on a socket
-//! (`embedded.rs`) and the server's start-up share. A leaf, so that the
-//! files of `upstream` depend on it and not on each other.
+//! (`embedded.rs`) and the server's start-up share. A leaf: it depends on
+//! no other file of `upstream`.
 
 use http::Uri;
 
