@@ -266,7 +266,8 @@ impl ServeArgs {
     /// Whether any of these flags was given. They are global (so that
     /// `fencegate fences ... --config F` reads as `fencegate --config F
     /// fences ...`), but only `serve` and `fences` read them: the other
-    /// commands refuse them rather than ignore them.
+    /// commands refuse them rather than ignore them (`main`; `bench sink`,
+    /// `relay` and `store` have a `--listen` of their own).
     pub fn any(&self) -> bool {
         self.config.is_some()
             || self.listen.is_some()

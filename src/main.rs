@@ -18,11 +18,17 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn main() -> ExitCode {
     fencegate::access::install_crypto_provider();
     let cli = Cli::parse();
-    let serving_flags = matches!(
-        cli.command,
-        None | Some(Command::Serve(_) | Command::Fences(_))
-    );
-    if !serving_flags && cli.serve.any() {
+    let s = &cli.serve;
+    let ignored = match &cli.command {
+        None | Some(Command::Serve(_) | Command::Fences(_)) => false,
+        // `bench sink`, `relay` and `store` have a --listen of their own,
+        // which clap hands the global one too.
+        Some(Command::Bench(b)) if b.command.is_some() => {
+            s.config.is_some() || s.admin_listen.is_some() || s.data_dir.is_some()
+        }
+        Some(_) => s.any(),
+    };
+    if ignored {
         eprintln!(
             "fencegate: --config, --listen, --admin-listen and --data-dir are for serve and \
              fences; this command does not read them"

@@ -29,6 +29,20 @@ fn the_config_flags_are_refused_where_nothing_reads_them() {
         assert_eq!(code, Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains("--config"), "{args:?}: {stderr}");
     }
+    // `bench sink` has a --listen of its own, which it reads.
+    let mut sink = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["bench", "sink", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(sink.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = sink.kill();
+    let _ = sink.wait();
+    assert!(line.starts_with("sink listening "), "{line:?}");
 }
 
 #[test]
