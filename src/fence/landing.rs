@@ -41,7 +41,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const FILE: &str = "landing";
 
 /// Writes recorded at once at most; past that a write goes unrecorded
-/// and the file says so (the next unclean start is then a blanket one).
+/// and the file says so (the next start, after a clean stop too, is then a
+/// blanket one).
 pub const SLOTS: usize = 32_768;
 
 const MAGIC: &[u8; 8] = b"FGLAND01";
@@ -410,8 +411,8 @@ impl Landing {
     }
 
     /// Takes a slot for `write`, not yet whole. `None` when every slot is
-    /// taken: the file then says so, and the next start that follows a
-    /// death is a blanket one.
+    /// taken: the file then says so, and the next start is a blanket one,
+    /// after a clean stop too (an unrecorded write may still be in flight).
     pub fn record(self: &Arc<Self>, write: &Write) -> Option<Record> {
         let slot = self.take_slot()?;
         let off = self.slot_off(slot);
@@ -481,15 +482,16 @@ impl Landing {
         if !self.overflow_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 "more than {SLOTS} writes in flight at once: the ones past that are not \
-                 recorded, so if this process dies before it stops cleanly, the next start \
-                 holds every newer token back for the quarantine"
+                 recorded, so the next start, even after a clean stop, holds every newer \
+                 token back for the quarantine"
             );
         }
         None
     }
 
     /// Marks the file as left by a clean stop: what is still in flight is
-    /// synced, then the state. A start after it trusts the slots.
+    /// synced, then the state. A start after it trusts the slots, unless
+    /// this process ran out of them (then it is a blanket start).
     pub fn close(&self) -> std::io::Result<()> {
         self.sync(HEADER, LEN - HEADER)?;
         self.u32_at(H_STATE).store(STOPPED, Ordering::Release);

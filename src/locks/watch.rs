@@ -1,6 +1,6 @@
 //! The one loop of every lock watch eager fencing runs: connect, report the
-//! watch up, follow the lock until the watch breaks, report it down, log
-//! why, back off, and again.
+//! watch up, follow the lock until the watch breaks, log why, report it
+//! down, back off, and again.
 //!
 //! Each service says only how it connects and how it follows, as a
 //! [`Watch`] in its own file (etcd's watch, ZooKeeper's watches, Redis'

@@ -14,7 +14,8 @@ use http::HeaderValue;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
-/// Slots in the table (a few hundred KiB).
+/// Slots in the table (1 MiB of slots, and each ETag kept its own few
+/// bytes: see [`Etags::put`]).
 const SLOTS: usize = 1 << 14;
 
 /// What fencegate knows of an object.
@@ -61,7 +62,16 @@ impl Etags {
             .map(|e| e.known.clone())
     }
 
+    /// Remembers `known` for `object`. An ETag is copied: one read from an
+    /// answer's headers is a slice of hyper's read buffer, and kept as it
+    /// came it would keep that whole buffer (kilobytes) alive per slot.
     pub fn put(&self, object: &str, epoch: i64, known: Known) {
+        let known = match known {
+            Known::Etag(v) => {
+                Known::Etag(HeaderValue::from_bytes(v.as_bytes()).expect("a header value's bytes"))
+            }
+            absent => absent,
+        };
         let (h, mut slot) = self.slot(object);
         *slot = Some(Entry {
             object: h,
@@ -96,5 +106,42 @@ mod tests {
         assert_eq!(e.get("b/k", 3), None);
         e.put("b/k", 0, Known::Absent);
         assert_eq!(e.get("b/k", 0), Some(Known::Absent));
+    }
+
+    /// An ETag read from an answer is a slice of the buffer the answer
+    /// was read into: the table keeps a copy, not the buffer.
+    #[test]
+    fn a_remembered_etag_keeps_no_read_buffer_alive() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        struct Buffer(Vec<u8>, Arc<AtomicBool>);
+        impl AsRef<[u8]> for Buffer {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        impl Drop for Buffer {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::SeqCst);
+            }
+        }
+        let freed = Arc::new(AtomicBool::new(false));
+        let mut read = b"\"e1\"".to_vec();
+        read.resize(64 << 10, b'x');
+        let buffer = bytes::Bytes::from_owner(Buffer(read, freed.clone()));
+        let etag = HeaderValue::from_maybe_shared(buffer.slice(0..4)).unwrap();
+        drop(buffer);
+        assert!(
+            !freed.load(Ordering::SeqCst),
+            "the etag shares the read buffer"
+        );
+        let e = Etags::default();
+        e.put("b/k", 0, Known::Etag(etag));
+        assert!(
+            freed.load(Ordering::SeqCst),
+            "the table keeps the read buffer"
+        );
+        let kept = Known::Etag(HeaderValue::from_static("\"e1\""));
+        assert_eq!(e.get("b/k", 0), Some(kept));
     }
 }

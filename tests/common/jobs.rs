@@ -315,8 +315,8 @@ pub fn writes_landed(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// The access key id a job's requests were signed with, from the log line
-/// of its first request under `key_part`.
+/// The access key id a request was signed with, from its access log
+/// `line` (the caller picks the line).
 pub fn access_key_of(line: &str) -> String {
     let at = line.find("access_key=\"").expect("an access key") + 12;
     line[at..].split('"').next().unwrap().to_string()
