@@ -210,6 +210,9 @@ pub struct FencesArgs {
     pub admin_token: Option<String>,
     #[command(subcommand)]
     pub action: FencesAction,
+    /// The config, as `serve` takes it (also accepted before `fences`).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -248,26 +251,23 @@ pub enum FencesAction {
 #[derive(Debug, Clone, Args, Default)]
 pub struct ServeArgs {
     /// Config file (TOML). Default: config/fencegate.toml if it exists.
-    /// (This and the three below: `serve` and `fences` only.)
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub config: Option<PathBuf>,
     /// S3 API address, overrides server.listen.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Admin address, overrides server.admin_listen.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
     /// Data directory, overrides server.data_dir.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
 }
 
 impl ServeArgs {
-    /// Whether any of these flags was given. They are global (so that
-    /// `fencegate fences ... --config F` reads as `fencegate --config F
-    /// fences ...`), but only `serve` and `fences` read them: the other
-    /// commands refuse them rather than ignore them (`main`; `bench sink`,
-    /// `relay` and `store` have a `--listen` of their own).
+    /// Whether any of these flags was given. Before a subcommand they are
+    /// the top level's, which only `serve` and `fences` read: `main`
+    /// refuses them before the others rather than ignore them.
     pub fn any(&self) -> bool {
         self.config.is_some()
             || self.listen.is_some()

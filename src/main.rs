@@ -18,16 +18,11 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn main() -> ExitCode {
     fencegate::access::install_crypto_provider();
     let cli = Cli::parse();
-    let s = &cli.serve;
-    let ignored = match &cli.command {
-        None | Some(Command::Serve(_) | Command::Fences(_)) => false,
-        // `bench sink`, `relay` and `store` have a --listen of their own,
-        // which clap hands the global one too.
-        Some(Command::Bench(b)) if b.command.is_some() => {
-            s.config.is_some() || s.admin_listen.is_some() || s.data_dir.is_some()
-        }
-        Some(_) => s.any(),
-    };
+    let reads_config = matches!(
+        cli.command,
+        None | Some(Command::Serve(_) | Command::Fences(_))
+    );
+    let ignored = !reads_config && cli.serve.any();
     if ignored {
         eprintln!(
             "fencegate: --config, --listen, --admin-listen and --data-dir are for serve and \
@@ -37,7 +32,10 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Some(Command::Serve(a)) => serve(merge(a, cli.serve)),
-        Some(Command::Fences(f)) => fences(f, cli.serve),
+        Some(Command::Fences(mut f)) => {
+            let args = merge(std::mem::take(&mut f.serve), cli.serve);
+            fences(f, args)
+        }
         Some(Command::Lock(l)) => lock(l),
         Some(Command::Credentials(c)) => credentials(c),
         Some(Command::Bench(b)) => bench(b),
