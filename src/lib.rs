@@ -102,7 +102,8 @@
 //! - [`config`]: the TOML file, its defaults, one validator per table
 //!   (`validate.rs`); `config/locks.rs` is the `[locks]` table and the
 //!   `[[eager]]` entries; `config/access.rs` the `*_access` tables (TLS,
-//!   client certificates, users and password files of the services).
+//!   client certificates, users and password files of the services);
+//!   `config/tests.rs` its tests.
 //! - [`metric_names`]: the Prometheus metric names, for every module that
 //!   records one.
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
@@ -127,7 +128,8 @@
 //!   (`gate/barrier.rs`, which waits for writes in flight and in doubt);
 //!   `gate/owned.rs`: cluster mode with owners, the resources this replica
 //!   owns admitted as on a single node, the others answered with their
-//!   owner for the proxy to forward to; `gate/cluster.rs`: cluster mode without owners (one etcd
+//!   owner for the proxy to forward to (`gate/owned/markers.rs`: the
+//!   in-flight markers in etcd); `gate/cluster.rs`: cluster mode without owners (one etcd
 //!   transaction per request), and following raises made at other
 //!   replicas (both modes); `gate/outcome.rs`: what it answers
 //!   (`Admission`, `Refusal`); `gate/tests.rs`: its tests.
@@ -136,7 +138,8 @@
 //!   slot in the landing record whole.
 //! - [`fence::landing`]: the landing record (`<data_dir>/landing`), a
 //!   mapped file in which every write to a remote backend has a slot
-//!   until its answer is read, so that a restart knows what may still land.
+//!   until its answer is read, so that a restart knows what may still land
+//!   (`landing/record.rs`: a write's slot; `landing/tests.rs`: its tests).
 //! - [`fence::doubt`]: writes in doubt (whole at the backend, their answer
 //!   lost or their sender dead), what they hold back and what the backend
 //!   settles; its tests in `doubt/tests.rs`.
@@ -145,7 +148,7 @@
 //!   `locks::issued` answers).
 //! - [`fence::hold`]: the object hold, where a conditional write's check and
 //!   write become one step (CONTRACT §8); in cluster mode its keys are in
-//!   etcd (`cluster/holds.rs`).
+//!   etcd (`cluster/holds.rs`); its tests in `hold/tests.rs`.
 //! - [`fence::cluster`]: cluster mode, the fences in etcd, shared by the
 //!   replicas. With owners (the default): `owners.rs` takes a resource for
 //!   this replica, raises its fence under the owner's epoch and releases
@@ -167,7 +170,8 @@
 //!   is fenced and forwarded.
 //! - [`s3::auth`]: SigV4 verification, header and presigned, step by step;
 //!   [`s3::sigv4`]: its primitives (signing key, canonical forms);
-//!   [`s3::sign`]: the same forms signing what fencegate sends the backend.
+//!   [`s3::sign`]: the same forms signing what fencegate sends the backend;
+//!   `auth/tests.rs`: the tests of `s3::auth`.
 //! - [`s3::query`], [`s3::headers`]: the query string's one lookup, the
 //!   `x-amz-*` header names spelt once.
 //! - [`s3::chunked`]: aws-chunked decoding, chunk and trailer signatures.

@@ -2,27 +2,19 @@
 //! replica that owns a resource admits it with the single-node steps
 //! (check, raise, barrier in its slot), its raises put in etcd under its
 //! epoch; for a resource owned elsewhere the admission names its owner
-//! ([`Admission::AtOwner`]), for the proxy to forward to. Raises not made by a write (the admin API,
-//! eager fencing) at a replica that does not own the resource go to etcd
-//! and wait for the owner's acknowledgement.
+//! ([`Admission::AtOwner`]), for the proxy to forward to. Raises not made
+//! by a write (the admin API, eager fencing) at a replica that does not
+//! own the resource go to etcd and wait for the owner's acknowledgement.
 //!
 //! A tenure stands while the replica's lease is fresh. Idle resources are
 //! let go (a sweep every [`IDLE_SWEEP`]), as are evicted ones, so that
 //! ownership stays bounded like the slots, and a replica that dies leaves
 //! few resources waiting for its quarantine.
 //!
-//! **Markers.** A resource's `owned/<r>` marker in etcd says that its owner
-//! may have a write in flight: the next owner, finding it without an owner
-//! key, waits out the rest of the quarantine. The take puts it. A quiet
-//! sweep (every [`QUIET_SWEEP`]) deletes it, guarded by the epoch, from a
-//! resource with no write in flight and none admitted since the sweep
-//! before; the next write puts it back before it is admitted (one etcd
-//! request, under the slot's `raising` lock, which the sweep holds too).
-//! So a steady writer costs etcd nothing, and an owner that dies quiet for
-//! a sweep or two leaves no wait. Writes of [`Kind::Conditioned`], which the
-//! backend itself refuses once overtaken, neither need nor keep it.
+//! **Markers** (`owned/markers.rs`): a resource's `owned/<r>` marker in
+//! etcd says that its owner may have a write in flight.
 
-use super::{Admission, Gate, Kind, OwnerTenure, Permit, Refusal, Slot, SlotState};
+use super::{Admission, Gate, Kind, OwnerTenure, Refusal, Slot, SlotState};
 use crate::fence::cluster::{Cluster, OwnedRaise, Predecessor, Take, Tenure};
 use crate::fence::doubt::Touch;
 use crate::metric_names as m;
@@ -40,6 +32,8 @@ pub const QUIET_SWEEP: Duration = Duration::from_secs(1);
 
 /// How often a successor asks its predecessor (`ask_predecessor`).
 pub const ASK_EVERY: Duration = Duration::from_millis(500);
+
+mod markers;
 
 /// How the gate asks another replica whether anything of its own can still
 /// land on a resource (the proxy's peer connections answer it).
@@ -355,104 +349,6 @@ impl Gate {
     /// land (`ask_predecessor`); set once, by the proxy.
     pub fn set_predecessors(&self, ask: Arc<dyn Predecessors>) {
         let _ = self.predecessors.set(ask);
-    }
-
-    /// Puts the in-flight marker of `slot`'s resource back, under its
-    /// `raising` lock (a quiet sweep's deletion is then over), guarded by
-    /// `tenure`'s epoch: [`Refusal::TenureLost`] when the tenure is over.
-    async fn mark(
-        &self,
-        c: &Cluster,
-        slot: &Slot,
-        resource: &str,
-        tenure: Tenure,
-        deadline: Instant,
-    ) -> Result<(), Refusal> {
-        let _g = slot.raising.lock().await;
-        let mine = |o: &Owned| o.tenure == tenure;
-        if slot.lock().owned.is_some_and(|o| mine(&o) && o.marked) {
-            return Ok(());
-        }
-        if !c
-            .mark(resource, tenure.epoch, deadline)
-            .await
-            .map_err(unavailable)?
-        {
-            drop_tenure(slot, tenure);
-            return Err(Refusal::TenureLost);
-        }
-        if let Some(o) = slot.lock().owned.as_mut().filter(|o| mine(o)) {
-            // Busy too: the next sweep leaves the marker to the write that
-            // asked for it, which is admitted after this returns.
-            (o.marked, o.busy) = (true, true);
-        }
-        Ok(())
-    }
-
-    /// A write admitted as [`Kind::Conditioned`] that goes to the backend
-    /// with `If-None-Match: *` after all (its object was absent): a delete
-    /// at the next owner would leave that condition true, so the store
-    /// would not refuse it once overtaken. It keeps `resource`'s marker from
-    /// here on like any write, put back first if a sweep took it.
-    pub async fn needs_marker(&self, resource: &str, permit: &Permit) -> Result<(), Refusal> {
-        let Some((c, tenure)) = permit.tenure.clone() else {
-            return Ok(());
-        };
-        {
-            let mut st = permit.slot.lock();
-            let st = &mut *st;
-            let Some(e) = st.inflight.iter_mut().find(|e| e.id == permit.id) else {
-                return Ok(());
-            };
-            e.conditioned = false;
-            match st.owned.as_mut().filter(|o| o.tenure == tenure) {
-                Some(o) if o.marked => {
-                    o.busy = true;
-                    return Ok(());
-                }
-                Some(o) => o.busy = true,
-                None => return Err(Refusal::TenureLost),
-            }
-        }
-        let deadline = Instant::now() + self.wait_bound;
-        self.mark(&c, &permit.slot, resource, tenure, deadline)
-            .await
-    }
-
-    /// Deletes the in-flight markers of the resources owned here with no
-    /// write needing one in flight, nor admitted since the sweep before.
-    /// A slot being raised or taken is left for the next sweep.
-    async fn unmark_quiet(&self, c: &Cluster) {
-        let slots: Vec<(String, Arc<Slot>)> = self
-            .slots
-            .iter()
-            .filter(|s| s.value().lock().owned.is_some_and(|o| o.marked))
-            .map(|s| (s.key().clone(), s.value().clone()))
-            .collect();
-        let mut guards = Vec::new();
-        let mut quiet = Vec::new();
-        for (resource, slot) in &slots {
-            let Ok(g) = slot.raising.try_lock() else {
-                continue;
-            };
-            let mut st = slot.lock();
-            let needing = landing(&st) || st.inflight.iter().any(|e| !e.conditioned);
-            let Some(o) = st.owned.as_mut() else { continue };
-            if !std::mem::take(&mut o.busy) && !needing && o.marked {
-                // From here a write puts it back first (`try_admit`).
-                o.marked = false;
-                quiet.push((resource.as_str(), o.tenure.epoch));
-                guards.push(g);
-            }
-        }
-        if quiet.is_empty() {
-            return;
-        }
-        // Failed: the markers may still be there, which only makes a
-        // successor wait; the next writes put them back anyway.
-        if let Err(e) = c.unmark(&quiet).await {
-            tracing::debug!("cluster: deleting in-flight markers: {e}");
-        }
     }
 
     /// The owner's durable raise ([`Gate::raise_slot`]): the fence it
