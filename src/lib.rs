@@ -38,7 +38,9 @@
 //! - **hold**: an object's hold, where a conditional write's check and
 //!   write are one step ([`fence::hold`], `ObjectHold`); its `Holder` says
 //!   whose it is (`Holder::ThisOwner`, `Holder::AnyReplica`). Nothing
-//!   else is a hold. **permit**: a write's place in the ordering barrier.
+//!   else in the fencing path is an object hold; the wait after a lease
+//!   expires (`Cluster::expired_hold`, "the expiry hold") and a blob kept
+//!   while it is read (`Blobs::hold_for_read`) are holds of their own. **permit**: a write's place in the ordering barrier.
 //!   **keep**: what a write's exchange keeps until its answer is complete,
 //!   its permits, object hold and landing slots (`proxy/forward.rs`:
 //!   `Keep`, and `KeptBody`, the answer that carries them). A lock is
@@ -66,10 +68,12 @@
 //!   ([`fence::doubt`]), which keeps its place for the quarantine unless
 //!   the backend settles it sooner.
 //! - **read**: an S3 read (GET, HEAD, a listing), which a token may
-//!   raise a fence with but never needs. No function is called just
-//!   `read`: the store's are `in_read_txn` (a redb read transaction) and
-//!   `Blobs::read_now` and `Blobs::stream_range` (a blob's bytes, at once
-//!   or streamed), the index file's is `DbFile::database`.
+//!   raise a fence with but never needs. The one function called just
+//!   `read` is `Store::read` (`store/read.rs`), the S3 read every GET and
+//!   HEAD of the embedded store is answered from; below it, the store's
+//!   are `in_read_txn` (a redb read transaction) and `Blobs::read_now` and
+//!   `Blobs::stream_range` (a blob's bytes, at once or streamed), the index
+//!   file's is `DbFile::database`.
 //! - **transport**: how `upstream::client` reaches the backend (over the
 //!   wire, or in-process to the embedded store); not a route.
 //! - **effect**: what an operation does to what: reads or writes the
@@ -205,7 +209,8 @@
 //! - [`upstream::probe`]: whether the backend honours conditional writes
 //!   itself (shown on `/readyz`).
 //!
-//! The embedded store (→ redb_file, metric_names), fencegate's own default
+//! The embedded store (→ redb_file, metric_names, s3: the header names
+//! of `s3::headers`), fencegate's own default
 //! backend behind s3s's `S3` trait:
 //!
 //! - [`store`]: the index in redb (`index.rs`), the blob files

@@ -16,11 +16,12 @@
 //! core write the same buffer.
 //!
 //! Never lossy: when stderr cannot keep up and `MAX` bytes wait, an append
-//! waits for the writer instead of dropping the line. Lines appear at most
-//! `LINGER` late, each thread's in the order it appended them (lines of two
+//! waits for the writer instead of dropping the line. Lines appear about
+//! `LINGER` late (plus the time the writer takes to write out the batch
+//! before theirs), each thread's in the order it appended them (lines of two
 //! threads within one `LINGER` may swap); dropping the [`Guard`] (at the
-//! end of `main`) writes out what is left. A `kill -9` loses at most the
-//! last `LINGER` of lines.
+//! end of `main`) writes out what is left. A `kill -9` loses the lines
+//! not yet written out: about the last `LINGER` of them.
 
 use crate::per_thread::PerThread;
 use std::io::Write;

@@ -463,7 +463,7 @@ fn default_directives(level: &str) -> String {
 }
 
 /// Log lines go to stderr through `LogBuffer`: appended in memory by the
-/// request, written out in batches by a thread of their own (at most 20 ms
+/// request, written out in batches by a thread of their own (about 20 ms
 /// late), never dropped. The guard writes out what is left when `serve`
 /// returns.
 fn init_logging(format: LogFormat, level: &str) -> std::io::Result<fencegate::log_buffer::Guard> {

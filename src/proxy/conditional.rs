@@ -33,21 +33,22 @@ use crate::fence::gate;
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::s3::conditions::{Conditions, Current, bare_etag, parse_time};
 use crate::s3::error::S3Error;
+use crate::s3::headers::X_AMZ_SSE_CUSTOMER_ALGORITHM;
 use crate::s3::op::{Op, Operation};
 use crate::upstream::client::{Outgoing, UpstreamPayload};
 use http::header::{CONTENT_LENGTH, ETAG, IF_MATCH, IF_NONE_MATCH, LAST_MODIFIED};
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use std::sync::Arc;
 
 /// Headers of the write that its HEAD needs too: a customer-key encrypted
 /// object is only readable with its key, a requester-pays bucket only with
 /// the request-payer header.
-const HEAD_NEEDS: &[&str] = &[
-    "x-amz-server-side-encryption-customer-algorithm",
-    "x-amz-server-side-encryption-customer-key",
-    "x-amz-server-side-encryption-customer-key-md5",
-    "x-amz-request-payer",
-    "x-amz-expected-bucket-owner",
+const HEAD_NEEDS: [HeaderName; 5] = [
+    X_AMZ_SSE_CUSTOMER_ALGORITHM,
+    HeaderName::from_static("x-amz-server-side-encryption-customer-key"),
+    HeaderName::from_static("x-amz-server-side-encryption-customer-key-md5"),
+    HeaderName::from_static("x-amz-request-payer"),
+    HeaderName::from_static("x-amz-expected-bucket-owner"),
 ];
 
 impl Proxy {
@@ -164,8 +165,8 @@ impl Proxy {
     ) -> Result<Option<(Current, HeaderValue)>, S3Error> {
         let mut head_headers = HeaderMap::new();
         for name in HEAD_NEEDS {
-            if let Some(v) = headers.get(*name) {
-                head_headers.insert(*name, v.clone());
+            if let Some(v) = headers.get(&name) {
+                head_headers.insert(name, v.clone());
             }
         }
         let head = Outgoing {

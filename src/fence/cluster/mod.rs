@@ -14,8 +14,8 @@
 //! - Other replicas forward the resource's requests to the owner, found at
 //!   `replicas/<owner>` (`directory.rs`; the proxy's `to_owner.rs` sends them).
 //! - An idle or evicted resource is released. When an owner dies, its key
-//!   goes with its lease; the next owner waits out the rest of the
-//!   quarantine before it admits only if the owner's in-flight marker is
+//!   goes with its lease; the next owner waits out the quarantine (counted
+//!   from its take) before it admits only if the owner's in-flight marker is
 //!   still there (a write may still land; `gate/owned.rs`, "Markers").
 //!
 //! Without owners (`ownership = false`), every fenced request goes to etcd:

@@ -6,8 +6,8 @@
 //!   and the marker as they were. The key's create revision is the
 //!   owner's *epoch*. A marker found without an owner key means the last
 //!   owner died (its lease took the key, not a release) with a write that
-//!   may still land at the backend for the rest of the quarantine, which
-//!   the new owner waits out before it admits.
+//!   may still land at the backend: the new owner waits out the quarantine,
+//!   counted from its take, before it admits.
 //! - **Admit.** While its lease is fresh (`lease.rs`), the owner admits
 //!   with the single-node gate: nothing in etcd.
 //! - **Raise.** A token above the fence is put only if the owner key

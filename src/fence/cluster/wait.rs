@@ -1,7 +1,8 @@
 //! The cross-replica barrier: waiting until the lower-token writes an
 //! admission found in flight (at any replica) are gone, and, when one went
-//! with its replica's lease rather than by its own end, the rest of the
-//! quarantine on top (the backend may still apply a body it already had).
+//! with its replica's lease rather than by its own end, the quarantine on
+//! top, slept from when the lease is found expired (the backend may still
+//! apply a body it already had).
 
 use super::{Cluster, ClusterError, WaitError, call, etcd};
 use etcd_client::{EventType, GetOptions, WatchOptions};

@@ -24,9 +24,11 @@ enum Attempt {
 
 impl Gate {
     /// Waits until no lower-token write is in flight in `slot`, up to the
-    /// bound, nor in doubt on `resource`, and admits. A doubt that lasts
-    /// past the bound is refused at once ([`Refusal::InDoubt`]): nothing
-    /// was done, and waiting would not change the answer.
+    /// bound, nor in doubt on `resource`, and admits. A doubt that cannot
+    /// be settled sooner and lasts past the bound is refused at once
+    /// ([`Refusal::InDoubt`]): nothing was done, and waiting would not
+    /// change the answer. One the backend can settle is waited for up to
+    /// the bound, then refused alike.
     pub(super) async fn barrier(
         &self,
         slot: &Arc<Slot>,

@@ -112,8 +112,8 @@ struct SlotState {
     /// when another does, as last seen.
     elsewhere: Option<(String, i64)>,
     /// Cluster mode with owners: the resource's last owner died with a
-    /// write that may land at the backend until then (the rest of its
-    /// quarantine); nothing newer is admitted before. Kept across this
+    /// write that may land at the backend until then (the quarantine,
+    /// counted from this replica's take); nothing newer is admitted before. Kept across this
     /// replica's tenures, and the slot with it.
     landing_until: Option<tokio::time::Instant>,
     /// Cluster mode with owners: that owner is being asked whether it is

@@ -1,9 +1,10 @@
 //! The in-flight markers of the resources owned here. A resource's
 //! `owned/<r>` marker in etcd says that its owner may have a write in
-//! flight: the next owner, finding it without an owner
-//! key, waits out the rest of the quarantine. The take puts it. A quiet
-//! sweep (every [`QUIET_SWEEP`](super::QUIET_SWEEP)) deletes it, guarded by the epoch, from a
-//! resource with no write in flight and none admitted since the sweep
+//! flight: the next owner, finding it without an owner key, waits out the
+//! quarantine (`fence.quarantine_ms`, counted from its take) before it
+//! admits. The take puts it. A quiet sweep (every
+//! [`QUIET_SWEEP`](super::QUIET_SWEEP)) deletes it, guarded by the epoch,
+//! from a resource with no write in flight and none admitted since the sweep
 //! before; the next write puts it back before it is admitted (one etcd
 //! request, under the slot's `raising` lock, which the sweep holds too).
 //! So a steady writer costs etcd nothing, and an owner that dies quiet for
