@@ -303,7 +303,9 @@ impl Upstream {
                 Transport::Wire(pool) => Self::over_wire(pool, req, out.body).await,
                 Transport::InProcess(store) => {
                     let trusted = !out.anonymous;
-                    Self::in_process_call(store, req, out.body, out.content_length, trusted).await
+                    let call =
+                        Self::in_process_call(store, req, out.body, out.content_length, trusted);
+                    Box::pin(call).await
                 }
             }
         };
