@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod backend;
+pub mod embedded;
 pub mod etcd;
 pub mod fencegate;
 pub mod garage;
