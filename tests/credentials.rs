@@ -204,6 +204,24 @@ async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
         .send()
         .await;
     assert!(list.is_ok(), "{list:?}");
+    // A v1 listing carries its prefix and delimiter in a query of its own,
+    // which is still a listing: held to the scope like one (it was once
+    // taken for a bucket-configuration read, and answered).
+    let list = ok
+        .list_objects()
+        .bucket("demo")
+        .prefix("secret/")
+        .delimiter("/")
+        .send()
+        .await;
+    names_scope(&list.unwrap_err());
+    let list = ok
+        .list_objects()
+        .bucket("demo")
+        .prefix("jobs/")
+        .send()
+        .await;
+    assert!(list.is_ok(), "{list:?}");
     use aws_sdk_s3::types::{Delete, ObjectIdentifier};
     let ids = ["jobs/a", "secret/b"].map(|k| ObjectIdentifier::builder().key(k).build().unwrap());
     let delete = Delete::builder()

@@ -222,6 +222,41 @@ impl Operation {
 /// the one in the path (S3 Express's RenameObject deletes its source).
 const REFUSED_SUBRESOURCES: &[&str] = &["renameObject"];
 
+/// The subresources by which S3 reads, writes and deletes a bucket's
+/// configuration (`GET /bucket?acl`). A bucket request that names none of
+/// them is the bucket's own request (a listing, CreateBucket,
+/// DeleteBucket), whatever else its query holds (a listing's `prefix` or
+/// `delimiter`, a presigned URL's `X-Amz-*`, an SDK's `x-id`), as S3
+/// itself reads it: `GET /bucket?prefix=p` is a ListObjects, and is held
+/// to a session credential's prefixes like one.
+const BUCKET_SUBRESOURCES: &[&str] = &[
+    "accelerate",
+    "acl",
+    "analytics",
+    "cors",
+    "encryption",
+    "intelligent-tiering",
+    "inventory",
+    "lifecycle",
+    "location",
+    "logging",
+    "metadataConfiguration",
+    "metadataTable",
+    "metrics",
+    "notification",
+    "object-lock",
+    "ownershipControls",
+    "policy",
+    "policyStatus",
+    "publicAccessBlock",
+    "replication",
+    "requestPayment",
+    "session",
+    "tagging",
+    "versioning",
+    "website",
+];
+
 /// Classifies a request. `query` holds decoded query pairs.
 pub fn classify(
     method: &Method,
@@ -236,6 +271,7 @@ pub fn classify(
         return unsupported(&format!("?{r}"));
     }
     let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
+    let config = || BUCKET_SUBRESOURCES.iter().any(|r| q(r));
     let op = match (bucket.is_some(), key.is_some()) {
         (false, _) => match *method {
             Method::GET | Method::HEAD => Op::ListBuckets,
@@ -246,12 +282,12 @@ pub fn classify(
             Method::GET | Method::HEAD if q("versions") => Op::ListObjectVersions,
             Method::GET | Method::HEAD if q("list-type") => Op::ListObjectsV2,
             Method::HEAD => Op::HeadBucket,
-            Method::GET if query.is_empty() => Op::ListObjects,
-            Method::GET => Op::GetBucketConfig,
-            Method::PUT if query.is_empty() => Op::CreateBucket,
-            Method::PUT => Op::PutBucketConfig,
-            Method::DELETE if query.is_empty() => Op::DeleteBucket,
-            Method::DELETE => Op::DeleteBucketConfig,
+            Method::GET if config() => Op::GetBucketConfig,
+            Method::GET => Op::ListObjects,
+            Method::PUT if config() => Op::PutBucketConfig,
+            Method::PUT => Op::CreateBucket,
+            Method::DELETE if config() => Op::DeleteBucketConfig,
+            Method::DELETE => Op::DeleteBucket,
             Method::POST if q("delete") => Op::DeleteObjects,
             Method::POST => return unsupported("browser-form POST upload"),
             _ => return unsupported("this bucket request"),
@@ -485,6 +521,44 @@ mod tests {
                 false,
                 Op::ListObjects,
                 Effect::BucketRead,
+            ),
+            // A v1 listing's parameters, or an SDK's `x-id`, name no
+            // subresource: still the listing, as S3 reads it.
+            (
+                M::GET,
+                "/b",
+                &[
+                    ("prefix", "p/"),
+                    ("delimiter", "/"),
+                    ("encoding-type", "url"),
+                ],
+                false,
+                Op::ListObjects,
+                Effect::BucketRead,
+            ),
+            (
+                M::GET,
+                "/b",
+                &[("acl", "")],
+                false,
+                Op::GetBucketConfig,
+                Effect::BucketRead,
+            ),
+            (
+                M::PUT,
+                "/b",
+                &[("x-id", "CreateBucket")],
+                false,
+                Op::CreateBucket,
+                Effect::BucketWrite,
+            ),
+            (
+                M::DELETE,
+                "/b",
+                &[("x-id", "DeleteBucket")],
+                false,
+                Op::DeleteBucket,
+                Effect::BucketWrite,
             ),
             (
                 M::PUT,
