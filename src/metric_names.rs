@@ -79,7 +79,9 @@ pub const ETCD_REQUESTS: &str = "fencegate_etcd_requests_total";
 pub const CLUSTER_LEASE_FRESH: &str = "fencegate_cluster_lease_fresh";
 /// Resources this replica took ownership of (cluster mode with owners).
 pub const CLUSTER_TAKES: &str = "fencegate_cluster_takes_total";
-/// Requests this replica forwarded to the owner of their resource.
+/// Forwards of requests to the owner of their resource that it answered,
+/// one a send (a request sent again after `Moved` counts again), and
+/// relays to a peer that it answered, while cut off from etcd.
 pub const CLUSTER_FORWARDED: &str = "fencegate_cluster_forwarded_total";
 /// Cluster mode with owners: per client request sent towards an owner, how
 /// many times it was sent (a histogram: 1 unless ownership moved).

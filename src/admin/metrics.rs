@@ -76,7 +76,7 @@ fn describe_all() {
     );
     describe_counter!(
         CLUSTER_FORWARDED,
-        "requests forwarded to the replica owning their resource"
+        "forwards to the replica owning a request's resource that it answered, one a send, and relays to a peer"
     );
     describe_histogram!(
         CLUSTER_FORWARD_SENDS,
