@@ -57,13 +57,45 @@ async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
         b"a,b\n"
     );
 
+    // `replace` in lower case is REPLACE for fencegate, and goes on as
+    // `REPLACE`: the copy is stamped with its own token, not the source's
+    // (a store that knows only `REPLACE` would copy the source's 50).
+    use aws_sdk_s3::types::MetadataDirective;
+    c.copy_object()
+        .bucket("demo")
+        .key("dst")
+        .copy_source("demo/src")
+        .metadata_directive(MetadataDirective::from("replace"))
+        .metadata("fencing-token", "8")
+        .send()
+        .await
+        .unwrap();
+    let head = c.head_object().bucket("demo").key("dst").send().await;
+    assert_eq!(head.unwrap().metadata().unwrap()["fencing-token"], "8");
+    // A directive that is neither is refused, not read one way here and
+    // another at the store.
+    let e = c
+        .copy_object()
+        .bucket("demo")
+        .key("dst")
+        .copy_source("demo/src")
+        .metadata_directive(MetadataDirective::from("MOVE"))
+        .metadata("fencing-token", "9")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        aws_sdk_s3::error::ProvideErrorMetadata::code(&e),
+        Some("InvalidArgument")
+    );
+
     // A stale copy onto dst is refused; the source's fence is untouched.
     let e = c
         .copy_object()
         .bucket("demo")
         .key("dst")
         .copy_source("demo/src")
-        .metadata("fencing-token", "6")
+        .metadata("fencing-token", "7")
         .send()
         .await
         .unwrap_err();

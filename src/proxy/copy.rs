@@ -34,7 +34,17 @@ impl Proxy {
             .get(X_AMZ_METADATA_DIRECTIVE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("COPY");
-        if directive.eq_ignore_ascii_case("REPLACE") {
+        // Read once, sent as read: a store that knows only `REPLACE` as it
+        // is spelt would copy the source's metadata, and its stamp, for a
+        // `replace` that fencegate took as REPLACE.
+        // (`op::classify` refused any other value.)
+        let replace = directive.eq_ignore_ascii_case("REPLACE");
+        let canonical = if replace { "REPLACE" } else { "COPY" };
+        if headers.contains_key(X_AMZ_METADATA_DIRECTIVE) {
+            let value = http::HeaderValue::from_static(canonical);
+            out.headers.insert(X_AMZ_METADATA_DIRECTIVE, value);
+        }
+        if replace {
             // The client gives the metadata; the token is already stamped.
             return Ok(());
         }

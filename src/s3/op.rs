@@ -5,7 +5,7 @@
 //! means for fencing is one table of `match`es below.
 
 use super::error::S3Error;
-use super::headers::X_AMZ_COPY_SOURCE;
+use super::headers::{X_AMZ_COPY_SOURCE, X_AMZ_METADATA_DIRECTIVE};
 use super::names::CopySource;
 use super::query::{Param, has_query_param, query_param};
 use http::{HeaderMap, Method};
@@ -218,9 +218,34 @@ impl Operation {
     }
 }
 
-/// Query parameters that would make a backend act on another object than
-/// the one in the path (S3 Express's RenameObject deletes its source).
-const REFUSED_SUBRESOURCES: &[&str] = &["renameObject"];
+/// Query parameters refused outright: `renameObject` would make a backend
+/// act on another object than the one in the path (S3 Express's
+/// RenameObject deletes its source); `session` is S3 Express's
+/// CreateSession, whose answer would hand the client credentials of the
+/// backend's own, signed for by fencegate.
+const REFUSED_SUBRESOURCES: &[&str] = &["renameObject", "session"];
+
+/// The subresources that make an object request another operation than
+/// its method's plain one. A request naming two of them is refused: S3
+/// and its emulations pick one by rules of their own (s3s and Garage the
+/// subresource before the upload, fencegate once the upload), and a
+/// write taken for an upload's part would borrow the upload's token.
+const OBJECT_SUBRESOURCES: &[&str] = &[
+    "acl",
+    "attributes",
+    "legal-hold",
+    "restore",
+    "retention",
+    "select",
+    "tagging",
+    "torrent",
+    "uploadId",
+    "uploads",
+];
+
+/// The bucket request's own subresources (a listing's kind, DeleteObjects),
+/// which with [`BUCKET_SUBRESOURCES`] a bucket request may name one of.
+const BUCKET_KINDS: &[&str] = &["delete", "list-type", "uploads", "versions"];
 
 /// The subresources by which S3 reads, writes and deletes a bucket's
 /// configuration (`GET /bucket?acl`). A bucket request that names none of
@@ -251,7 +276,6 @@ const BUCKET_SUBRESOURCES: &[&str] = &[
     "publicAccessBlock",
     "replication",
     "requestPayment",
-    "session",
     "tagging",
     "versioning",
     "website",
@@ -272,6 +296,17 @@ pub fn classify(
     }
     let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
     let config = || BUCKET_SUBRESOURCES.iter().any(|r| q(r));
+    let named = |list: &[&str]| list.iter().filter(|r| has_query_param(query, r)).count();
+    let two = match (bucket.is_some(), key.is_some()) {
+        (true, false) => named(BUCKET_SUBRESOURCES) + named(BUCKET_KINDS) > 1,
+        (true, true) => named(OBJECT_SUBRESOURCES) > 1,
+        _ => false,
+    };
+    if two {
+        return Err(S3Error::InvalidRequest(
+            "the request names more than one subresource: send one operation a request".into(),
+        ));
+    }
     let op = match (bucket.is_some(), key.is_some()) {
         (false, _) => match *method {
             Method::GET | Method::HEAD => Op::ListBuckets,
@@ -323,6 +358,25 @@ pub fn classify(
             "{} to {k:?}: a key ending in '/' is a folder marker, written only by PutObject",
             op.name()
         )));
+    }
+    // A part's number is what makes it a part: Garage takes a PUT whose
+    // `partNumber` is empty for a PutObject, which this one is not fenced as.
+    if matches!(op, Op::UploadPart | Op::UploadPartCopy) {
+        let number = query_param(query, "partNumber").and_then(|n| n.parse::<u16>().ok());
+        if !number.is_some_and(|n| (1..=10_000).contains(&n)) {
+            return Err(S3Error::InvalidArgument(
+                "partNumber must be an integer from 1 to 10000".into(),
+            ));
+        }
+    }
+    // Read here, before any fence moves; sent on in capitals (`proxy/copy.rs`).
+    if let Some(d) = headers.get(X_AMZ_METADATA_DIRECTIVE) {
+        let d = String::from_utf8_lossy(d.as_bytes());
+        if !(d.eq_ignore_ascii_case("COPY") || d.eq_ignore_ascii_case("REPLACE")) {
+            return Err(S3Error::InvalidArgument(format!(
+                "x-amz-metadata-directive {d:?} is neither COPY nor REPLACE"
+            )));
+        }
     }
     let copy_source = match headers.get(X_AMZ_COPY_SOURCE) {
         Some(v) if op.copies() => Some(CopySource::parse(v.as_bytes())?),
@@ -628,6 +682,62 @@ mod tests {
             false,
         );
         assert_eq!(part.upload_id.as_deref(), Some("u"));
+    }
+
+    /// What a backend could read as another operation than fencegate does
+    /// is refused before any fence moves: two subresources at once (s3s
+    /// and Garage pick the subresource, fencegate would have picked the
+    /// upload and its token), a part without a number from 1 to 10000
+    /// (Garage takes an empty one for a PutObject), S3 Express's
+    /// CreateSession, and a metadata directive neither COPY nor REPLACE.
+    #[test]
+    fn what_a_backend_could_read_otherwise_is_refused() {
+        let code = |m: Method, path: &str, q: &[(&str, &str)], h: &HeaderMap| {
+            let (b, k) = split_path(path).unwrap();
+            let q: Vec<Param> = q.iter().map(|&(a, b)| (a.into(), b.into())).collect();
+            classify(&m, b, k, &q, h).map(|_| ()).map_err(|e| e.code())
+        };
+        let none = HeaderMap::new();
+        let part = [("partNumber", "1"), ("uploadId", "u")];
+        assert_eq!(code(Method::PUT, "/b/k", &part, &none), Ok(()));
+        for extra in ["tagging", "acl", "retention", "legal-hold"] {
+            let q = [part[0], part[1], (extra, "")];
+            assert_eq!(
+                code(Method::PUT, "/b/k", &q, &none),
+                Err("InvalidRequest"),
+                "{extra}"
+            );
+        }
+        let q = [("uploadId", "u"), ("tagging", "")];
+        assert_eq!(
+            code(Method::DELETE, "/b/k", &q, &none),
+            Err("InvalidRequest")
+        );
+        let q = [("select", ""), ("restore", "")];
+        assert_eq!(code(Method::POST, "/b/k", &q, &none), Err("InvalidRequest"));
+        let q = [("uploads", ""), ("acl", "")];
+        assert_eq!(code(Method::GET, "/b", &q, &none), Err("InvalidRequest"));
+        for n in ["", "0", "10001", "x", "-1"] {
+            let q = [("partNumber", n), ("uploadId", "u")];
+            assert_eq!(
+                code(Method::PUT, "/b/k", &q, &none),
+                Err("InvalidArgument"),
+                "{n:?}"
+            );
+        }
+        let q = [("partNumber", "10000"), ("uploadId", "u")];
+        assert_eq!(code(Method::PUT, "/b/k", &q, &none), Ok(()));
+        assert_eq!(
+            code(Method::GET, "/b", &[("session", "")], &none),
+            Err("NotImplemented")
+        );
+        let mut h = HeaderMap::new();
+        h.insert("x-amz-copy-source", "src/k".parse().unwrap());
+        for (d, ok) in [("replace", true), ("COPY", true), ("MOVE", false)] {
+            h.insert("x-amz-metadata-directive", d.parse().unwrap());
+            let want = if ok { Ok(()) } else { Err("InvalidArgument") };
+            assert_eq!(code(Method::PUT, "/b/k", &[], &h), want, "{d}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@
 
 use super::error::S3Error;
 use super::op::{Effect, Op, Operation};
-use super::query::{Param, query_param};
+use super::query::{Param, has_query_param, query_param};
 use super::sigv4::{hmac, same_signature};
 use crate::config::Credential;
 use base64::Engine;
@@ -125,6 +125,13 @@ impl Session {
         }
         if op.effect() == Effect::BucketWrite {
             return Err(self.outside(&format!("administering bucket {bucket}")));
+        }
+        // Of a bucket's configuration, only its location: a store that does
+        // not know a subresource answers the bucket's listing instead (s3s
+        // and Garage do, for `?metadataConfiguration`), which no prefix
+        // would then hold.
+        if op.op == Op::GetBucketConfig && !has_query_param(query, "location") {
+            return Err(self.outside(&format!("the configuration of bucket {bucket}")));
         }
         if let Some(key) = &op.key
             && !self.allows_key(bucket, key)
@@ -488,6 +495,42 @@ mod tests {
         );
         let fresh = rotated.issue(8, "l", scope("*"), 1000);
         assert!(fresh.session_token.contains(&rotated.keys[0].id));
+    }
+
+    /// Of a bucket's configuration a session reaches only its location: a
+    /// store that does not know a subresource answers the listing instead
+    /// (s3s for `?metadataConfiguration`), which no prefix would hold.
+    #[test]
+    fn a_session_reads_no_bucket_configuration_but_its_location() {
+        let s = Session {
+            access_key_id: "FGSX".into(),
+            token: 1,
+            lock: "l".into(),
+            scope: vec![Scope::parse("b/jobs/").unwrap()],
+            expires: 9,
+        };
+        let reach = |q: &[(&str, &str)]| {
+            let q: Vec<Param> = q.iter().map(|&(a, b)| (a.into(), b.into())).collect();
+            let op = super::super::op::classify(
+                &http::Method::GET,
+                Some("b".into()),
+                None,
+                &q,
+                &http::HeaderMap::new(),
+            )
+            .unwrap();
+            s.reaches(&op, &q).map_err(|e| e.code())
+        };
+        assert_eq!(reach(&[("location", "")]), Ok(()));
+        assert_eq!(reach(&[("prefix", "jobs/")]), Ok(()));
+        for q in [
+            &[("metadataConfiguration", ""), ("prefix", "other/")][..],
+            &[("metadataTable", "")][..],
+            &[("acl", "")][..],
+            &[("prefix", "other/"), ("delimiter", "/")][..],
+        ] {
+            assert_eq!(reach(q), Err("AccessDenied"), "{q:?}");
+        }
     }
 
     #[test]
