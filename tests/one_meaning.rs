@@ -159,11 +159,50 @@ async fn copy_sources_are_decoded_then_checked(store: Store) {
     );
 }
 
+/// An upload lends its token to its numbered parts alone. Garage took a
+/// part with an empty `partNumber` for a PutObject, and s3s and Garage a
+/// part that also names `?tagging` for a tagging write: both borrowed the
+/// upload's token without one of their own. Both are refused now, and the
+/// object is still the token-34 one.
+async fn an_upload_lends_its_token_to_numbered_parts_alone(store: Store) {
+    let (run, raw) = setup(store).await;
+    let sdk = common::sdk(&run.fg.endpoint());
+    let up = sdk
+        .create_multipart_upload()
+        .bucket("demo")
+        .key("k")
+        .metadata("fencing-token", "34")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    for (query, code) in [
+        (format!("partNumber=&uploadId={id}"), "InvalidArgument"),
+        (format!("partNumber=0&uploadId={id}"), "InvalidArgument"),
+        (
+            format!("partNumber=1&uploadId={id}&tagging="),
+            "InvalidRequest",
+        ),
+    ] {
+        let mut put = RawRequest::put("/demo/k", "v0");
+        put.query = query.clone();
+        let r = raw.send(put).await.unwrap();
+        assert_eq!(
+            (r.status, r.code()),
+            (400, Some(code)),
+            "{query}: {}",
+            r.body
+        );
+        assert_eq!(get(&raw, "/demo/k").await, (200, "v34".into()), "{query}");
+    }
+}
+
 on_both_stores!(
     keys_a_store_would_rewrite_are_refused,
     a_path_cannot_climb_into_another_bucket,
     delete_objects_keys_are_read_once,
     copy_sources_are_decoded_then_checked,
+    an_upload_lends_its_token_to_numbered_parts_alone,
 );
 
 /// A backend answer lost after the whole body arrived: the write may still
