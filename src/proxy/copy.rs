@@ -27,24 +27,10 @@ impl Proxy {
     pub(super) async fn keep_source_metadata(
         &self,
         out: &mut Outgoing,
-        headers: &HeaderMap,
         op: &Operation,
     ) -> Result<(), S3Error> {
-        let directive = headers
-            .get(X_AMZ_METADATA_DIRECTIVE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("COPY");
-        // Read once, sent as read: a store that knows only `REPLACE` as it
-        // is spelt would copy the source's metadata, and its stamp, for a
-        // `replace` that fencegate took as REPLACE.
-        // (`op::classify` refused any other value.)
-        let replace = directive.eq_ignore_ascii_case("REPLACE");
-        let canonical = if replace { "REPLACE" } else { "COPY" };
-        if headers.contains_key(X_AMZ_METADATA_DIRECTIVE) {
-            let value = http::HeaderValue::from_static(canonical);
-            out.headers.insert(X_AMZ_METADATA_DIRECTIVE, value);
-        }
-        if replace {
+        // As `op::classify` read it (and the backend gets it).
+        if op.replace_metadata == Some(true) {
             // The client gives the metadata; the token is already stamped.
             return Ok(());
         }

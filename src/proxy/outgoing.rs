@@ -12,7 +12,8 @@ use crate::s3::body;
 use crate::s3::chunked::{self, ChunkedSpec, FrameStream};
 use crate::s3::error::S3Error;
 use crate::s3::headers::{
-    X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_TRAILER, number_value,
+    X_AMZ_COPY_SOURCE, X_AMZ_DECODED_CONTENT_LENGTH, X_AMZ_METADATA_DIRECTIVE, X_AMZ_TRAILER,
+    number_value,
 };
 use crate::s3::{query, range};
 use crate::upstream::client::{Outgoing, UpstreamPayload, forwarded_headers};
@@ -101,6 +102,11 @@ impl Proxy {
         range::forward_range(op.op, &mut headers);
         if let Some(src) = &op.copy_source {
             headers.insert(X_AMZ_COPY_SOURCE, header_value(&src.to_header())?);
+        }
+        if let Some(replace) = op.replace_metadata {
+            let directive = if replace { "REPLACE" } else { "COPY" };
+            let value = http::HeaderValue::from_static(directive);
+            headers.insert(X_AMZ_METADATA_DIRECTIVE, value);
         }
         if let (true, Some(t), Some(stamp)) =
             (op.op.stamps_token(), fenced.token, &self.stamp_header)

@@ -123,7 +123,7 @@ impl Proxy {
         }
         match op.op {
             Op::CopyObject if admitted.fenced.token.is_some() => {
-                self.keep_source_metadata(out, &head.headers, op).await?;
+                self.keep_source_metadata(out, op).await?;
             }
             Op::CreateBucket => self.create_bucket_body(out).await?,
             Op::DeleteObjects => {

@@ -210,6 +210,10 @@ pub struct Operation {
     pub copy_source: Option<CopySource>,
     /// The `uploadId` of a request that belongs to a multipart upload.
     pub upload_id: Option<String>,
+    /// `x-amz-metadata-directive`, read in any case, before any fence
+    /// moves: REPLACE (`true`) or COPY. The backend gets it as read, in
+    /// capitals, which is how the stores compare it (`proxy/outgoing.rs`).
+    pub replace_metadata: Option<bool>,
 }
 
 impl Operation {
@@ -295,10 +299,15 @@ pub fn classify(
         return unsupported(&format!("?{r}"));
     }
     let copy = headers.contains_key(X_AMZ_COPY_SOURCE);
-    let config = || BUCKET_SUBRESOURCES.iter().any(|r| q(r));
     let named = |list: &[&str]| list.iter().filter(|r| has_query_param(query, r)).count();
+    // A bucket request's configuration subresources, counted once: the
+    // operation (none: the bucket's own) and the one-subresource rule.
+    let configs = match (bucket.is_some(), key.is_some()) {
+        (true, false) => named(BUCKET_SUBRESOURCES),
+        _ => 0,
+    };
     let two = match (bucket.is_some(), key.is_some()) {
-        (true, false) => named(BUCKET_SUBRESOURCES) + named(BUCKET_KINDS) > 1,
+        (true, false) => configs + named(BUCKET_KINDS) > 1,
         (true, true) => named(OBJECT_SUBRESOURCES) > 1,
         _ => false,
     };
@@ -317,11 +326,11 @@ pub fn classify(
             Method::GET | Method::HEAD if q("versions") => Op::ListObjectVersions,
             Method::GET | Method::HEAD if q("list-type") => Op::ListObjectsV2,
             Method::HEAD => Op::HeadBucket,
-            Method::GET if config() => Op::GetBucketConfig,
+            Method::GET if configs > 0 => Op::GetBucketConfig,
             Method::GET => Op::ListObjects,
-            Method::PUT if config() => Op::PutBucketConfig,
+            Method::PUT if configs > 0 => Op::PutBucketConfig,
             Method::PUT => Op::CreateBucket,
-            Method::DELETE if config() => Op::DeleteBucketConfig,
+            Method::DELETE if configs > 0 => Op::DeleteBucketConfig,
             Method::DELETE => Op::DeleteBucket,
             Method::POST if q("delete") => Op::DeleteObjects,
             Method::POST => return unsupported("browser-form POST upload"),
@@ -369,15 +378,21 @@ pub fn classify(
             ));
         }
     }
-    // Read here, before any fence moves; sent on in capitals (`proxy/copy.rs`).
-    if let Some(d) = headers.get(X_AMZ_METADATA_DIRECTIVE) {
-        let d = String::from_utf8_lossy(d.as_bytes());
-        if !(d.eq_ignore_ascii_case("COPY") || d.eq_ignore_ascii_case("REPLACE")) {
-            return Err(S3Error::InvalidArgument(format!(
-                "x-amz-metadata-directive {d:?} is neither COPY nor REPLACE"
-            )));
+    let replace_metadata = match headers.get(X_AMZ_METADATA_DIRECTIVE) {
+        None => None,
+        Some(d) => {
+            let d = String::from_utf8_lossy(d.as_bytes());
+            match d {
+                d if d.eq_ignore_ascii_case("REPLACE") => Some(true),
+                d if d.eq_ignore_ascii_case("COPY") => Some(false),
+                d => {
+                    return Err(S3Error::InvalidArgument(format!(
+                        "x-amz-metadata-directive {d:?} is neither COPY nor REPLACE"
+                    )));
+                }
+            }
         }
-    }
+    };
     let copy_source = match headers.get(X_AMZ_COPY_SOURCE) {
         Some(v) if op.copies() => Some(CopySource::parse(v.as_bytes())?),
         _ => None,
@@ -397,6 +412,7 @@ pub fn classify(
         key,
         copy_source,
         upload_id,
+        replace_metadata,
     })
 }
 

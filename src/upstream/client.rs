@@ -14,7 +14,7 @@ use crate::s3::chunked::FrameStream;
 use crate::s3::error::S3Error;
 use crate::s3::headers::{
     X_AMZ_CONTENT_SHA256, X_AMZ_COPY_SOURCE, X_AMZ_DATE, X_AMZ_DECODED_CONTENT_LENGTH,
-    X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER, number_value,
+    X_AMZ_METADATA_DIRECTIVE, X_AMZ_SECURITY_TOKEN, X_AMZ_TRAILER, number_value,
 };
 use crate::s3::query::Param;
 use crate::s3::sign::HeaderSigner;
@@ -119,7 +119,7 @@ static HOP_BY_HOP: [HeaderName; 7] = [
 
 /// Request headers that never go upstream besides the hop-by-hop ones: the
 /// client's signature, and what fencegate sets itself.
-static DROPPED: [HeaderName; 15] = [
+static DROPPED: [HeaderName; 16] = [
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
     header::EXPECT,
@@ -130,8 +130,9 @@ static DROPPED: [HeaderName; 15] = [
     X_AMZ_SECURITY_TOKEN,
     X_AMZ_DECODED_CONTENT_LENGTH,
     X_AMZ_TRAILER,
-    // Forwarded only as fencegate parsed it, on copies (see s3::names).
+    // Forwarded only as fencegate parsed them (s3::names, s3::op).
     X_AMZ_COPY_SOURCE,
+    X_AMZ_METADATA_DIRECTIVE,
     // Between replicas only: a request forwarded to its owner or relayed
     // to a peer (`proxy/to_owner.rs`), a ping and a successor's question
     // (`proxy/peers.rs`).
