@@ -40,7 +40,8 @@
 //!   whose it is (`Holder::ThisOwner`, `Holder::AnyReplica`). Nothing
 //!   else in the fencing path is an object hold; the wait after a lease
 //!   expires (`Cluster::expired_hold`, "the expiry hold") and a blob kept
-//!   while it is read (`Blobs::hold_for_read`) are holds of their own. **permit**: a write's place in the ordering barrier.
+//!   while it is read (`Blobs::hold_for_read`) are holds of their own.
+//!   **permit**: a write's place in the ordering barrier.
 //!   **keep**: what a write's exchange keeps until its answer is complete,
 //!   its permits, object hold and landing slots (`proxy/forward.rs`:
 //!   `Keep`, and `KeptBody`, the answer that carries them). A lock is
@@ -133,8 +134,8 @@
 //!   `gate/owned.rs`: cluster mode with owners, the resources this replica
 //!   owns admitted as on a single node, the others answered with their
 //!   owner for the proxy to forward to (`gate/owned/markers.rs`: the
-//!   in-flight markers in etcd); `gate/cluster.rs`: cluster mode without owners (one etcd
-//!   transaction per request), and following raises made at other
+//!   in-flight markers in etcd); `gate/cluster.rs`: cluster mode without
+//!   owners (one etcd transaction per request), and following raises made at other
 //!   replicas (both modes); `gate/outcome.rs`: what it answers
 //!   (`Admission`, `Refusal`); `gate/tests.rs`: its tests.
 //! - [`fence::body_gate`]: the body gate, holding a write's last body frame

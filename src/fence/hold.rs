@@ -18,8 +18,8 @@
 //! to nothing: objects hash to one of [`STRIPES`] stripes, and an
 //! unconditional write only counts itself in its object's stripe (an
 //! atomic add and, when done, a subtract, with two loads of the stripe's
-//! conditional count around the add; no allocation, no table entry). A conditional write
-//! announces itself in the stripe, which turns newer unconditional writes
+//! conditional count around the add; no allocation, no table entry). A
+//! conditional write announces itself in the stripe, which turns newer unconditional writes
 //! there away to wait, waits until the stripe's count is zero, then takes
 //! its object's own lock (a table entry that lives while someone holds or
 //! waits for it), since other conditional writes in the stripe go on

@@ -113,8 +113,8 @@ struct SlotState {
     elsewhere: Option<(String, i64)>,
     /// Cluster mode with owners: the resource's last owner died with a
     /// write that may land at the backend until then (the quarantine,
-    /// counted from this replica's take); nothing newer is admitted before. Kept across this
-    /// replica's tenures, and the slot with it.
+    /// counted from this replica's take); nothing newer is admitted
+    /// before. Kept across this replica's tenures, and the slot with it.
     landing_until: Option<tokio::time::Instant>,
     /// Cluster mode with owners: that owner is being asked whether it is
     /// alive with nothing in flight (`owned.rs`, `ask_predecessor`), and
