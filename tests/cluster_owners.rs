@@ -27,57 +27,22 @@
 //! of a resource makes its replica the owner, so those writes are.
 
 mod common;
+#[path = "cluster_owners/helpers.rs"]
+mod helpers;
 
 use common::backend::{Event, TestBackend};
 use common::etcd::EtcdCluster;
 use common::fencegate::Fencegate;
 use common::http_call;
-use common::raw::{RawClient, RawRequest, RawResponse};
+use common::raw::{RawClient, RawRequest};
 use common::replicas::{
     ADMIN, SHORT_HOLD, TTL_MS, cluster_toml, ready_status, replica_with, replicas,
 };
+use helpers::{
+    delete_objects, etcd_per_write, idle_release, metric, send_retrying, three_with_an_owner,
+    two_replicas,
+};
 use std::sync::Arc;
-
-/// The value of `name` (with its labels) in `replica`'s metrics.
-async fn metric(fg: &common::fencegate::Fencegate, name: &str) -> f64 {
-    let (_, text) = http_call("GET", &format!("http://{}/metrics", fg.admin), None, None).await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// etcd requests `replica` made on a write's behalf (not its lease, its
-/// watches or its sweep).
-async fn etcd_per_write(fg: &common::fencegate::Fencegate) -> f64 {
-    let mut n = 0.0;
-    for op in [
-        "admit",
-        "take",
-        "raise",
-        "mark",
-        "hold",
-        "get",
-        "acknowledged",
-    ] {
-        let name = format!("fencegate_etcd_requests_total{{op=\"{op}\"}}");
-        n += metric(fg, &name).await;
-    }
-    n
-}
-
-/// Sends what `req` makes, again after a 503 (up to five times), as S3
-/// clients do.
-async fn send_retrying(raw: &RawClient, req: impl Fn() -> RawRequest) -> RawResponse {
-    let mut r = raw.send(req()).await.unwrap();
-    for _ in 0..5 {
-        if r.status != 503 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        r = raw.send(req()).await.unwrap();
-    }
-    r
-}
 
 #[tokio::test]
 async fn the_owner_admits_without_etcd_and_the_others_forward_to_it() {
@@ -163,25 +128,6 @@ async fn a_forwarded_request_is_admitted_only_by_the_tenure_it_was_sent_to() {
         200
     );
     assert_eq!(be.object("demo", "k").unwrap(), "b");
-}
-
-/// Three replicas with a short hold after an expiry, the first the owner of
-/// /demo/k (a token-1 write through it), and a client of each.
-async fn three_with_an_owner(
-    etcd: &EtcdCluster,
-    be: &TestBackend,
-) -> (Vec<Fencegate>, Vec<Arc<RawClient>>) {
-    let (backend, ep) = (be.as_fencegate_backend(), etcd.endpoints_toml());
-    let fg: Vec<_> = (0..3)
-        .map(|_| replica_with(&backend, &ep, SHORT_HOLD, TTL_MS))
-        .collect();
-    let c: Vec<_> = fg
-        .iter()
-        .map(|f| Arc::new(RawClient::new(&f.endpoint())))
-        .collect();
-    let first = c[0].send(RawRequest::put("/demo/k", "1").token(1)).await;
-    assert_eq!(first.unwrap().status, 200);
-    (fg, c)
 }
 
 /// Writes with rising tokens go through the two replicas that do not own
@@ -315,29 +261,6 @@ async fn a_raise_elsewhere_is_answered_only_once_the_owner_applied_it() {
     assert_eq!(be.object("demo", "k").unwrap(), "1");
 }
 
-async fn delete_objects(
-    c: &aws_sdk_s3::Client,
-    keys: &[&str],
-    token: u64,
-) -> Result<usize, String> {
-    use aws_sdk_s3::types::{Delete, ObjectIdentifier};
-    let objects = keys
-        .iter()
-        .map(|k| ObjectIdentifier::builder().key(*k).build().unwrap());
-    let delete = Delete::builder()
-        .set_objects(Some(objects.collect()))
-        .build()
-        .unwrap();
-    let req = c.delete_objects().bucket("demo").delete(delete).customize();
-    let req = req.mutate_request(move |r| {
-        r.headers_mut().insert("x-fencing-token", token.to_string());
-    });
-    req.send().await.map(|o| o.deleted().len()).map_err(|e| {
-        let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&e);
-        code.unwrap_or("?").to_string()
-    })
-}
-
 #[tokio::test]
 async fn a_delete_objects_goes_to_the_owner_of_its_keys() {
     let etcd = EtcdCluster::start();
@@ -414,29 +337,6 @@ async fn replicas_forward_to_each_other_over_tls() {
         metric(&fg[1], "fencegate_cluster_forwarded_total").await,
         2.0
     );
-}
-
-/// Two replicas on a fresh etcd and backend, and a client of each.
-async fn two_replicas() -> (
-    EtcdCluster,
-    TestBackend,
-    Vec<Fencegate>,
-    RawClient,
-    RawClient,
-) {
-    let etcd = EtcdCluster::start();
-    let be = TestBackend::start().await;
-    let fg = replicas(&be.as_fencegate_backend(), &etcd.endpoints_toml(), 2);
-    let (a, b) = (
-        RawClient::new(&fg[0].endpoint()),
-        RawClient::new(&fg[1].endpoint()),
-    );
-    (etcd, be, fg, a, b)
-}
-
-/// Two idle sweeps (5 s each) and a margin: an owner has let go.
-async fn idle_release() {
-    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
 }
 
 /// A resource left idle is let go by its owner: the next write, at another

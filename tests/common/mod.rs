@@ -12,6 +12,7 @@ pub mod lock_holder;
 pub mod moto;
 pub mod postgres;
 pub mod raw;
+pub mod raw_body;
 pub mod redis;
 pub mod relay;
 pub mod replicas;
