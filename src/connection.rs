@@ -7,11 +7,11 @@
 
 use crate::metric_names as m;
 use crate::proxy::Proxy;
+use crate::shutdown::Watcher;
 use crate::workers::Place;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::Watcher;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;

@@ -275,8 +275,11 @@
 //! - [`workers`] (→ per_thread): the serving threads, one a core by
 //!   default, each a single-threaded runtime serving the connections
 //!   `server` hands it, with its own list in the upstream pool.
-//! - [`connection`] (→ proxy, workers, metric_names): one S3 connection on
-//!   its serving thread: TLS, then HTTP/1 into `Proxy::handle`.
+//! - [`shutdown`]: the graceful shutdown's signal, and the future each
+//!   connection is served in, which polls that signal only when it fired.
+//! - [`connection`] (→ proxy, shutdown, workers, metric_names): one S3
+//!   connection on its serving thread: TLS, then HTTP/1 into
+//!   `Proxy::handle`.
 //! - [`server`] (→ everything above): start-up (fence table, gate, backend,
 //!   services) apart from serving (listener, connection limit, the handler
 //!   that gives each connection its serving thread, graceful shutdown).

@@ -19,6 +19,7 @@ use crate::fence::table::RedbTable;
 use crate::metric_names as m;
 use crate::proxy::Proxy;
 use crate::s3::error::S3Error;
+use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::upstream::client::Upstream;
 use crate::upstream::embedded;
@@ -28,7 +29,6 @@ use crate::workers::Workers;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::io::Write;
 use std::sync::Arc;
@@ -433,7 +433,7 @@ pub async fn serve(
         },
         workers: services.workers,
     };
-    let graceful = GracefulShutdown::new();
+    let graceful = Shutdown::default();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
@@ -450,7 +450,7 @@ pub async fn serve(
                     let admin = admin.clone();
                     async move { Ok::<_, Infallible>(admin.handle(req).await) }
                 });
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(sock), svc));
+                let conn = graceful.watcher().watch(http.serve_connection(TokioIo::new(sock), svc));
                 tokio::spawn(async move { let _ = conn.await; });
             }
         }
@@ -458,7 +458,7 @@ pub async fn serve(
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");
     drop(s3);
     drop(listeners.admin);
-    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+    if tokio::time::timeout(Duration::from_secs(30), graceful.wait())
         .await
         .is_err()
     {
@@ -535,7 +535,7 @@ impl Handler {
     /// Hands `conn` to the serving thread with the fewest connections
     /// (`workers`), where it is served (`connection`); it counts under the
     /// connection limit while it lasts.
-    fn spawn(&self, conn: Connection, graceful: &GracefulShutdown) {
+    fn spawn(&self, conn: Connection, graceful: &Shutdown) {
         let Connection { sock, slot } = conn;
         // Registered again on the serving thread's runtime, whose driver
         // then wakes that thread alone.

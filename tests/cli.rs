@@ -204,6 +204,32 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_0() {
     assert_eq!(code, Some(0));
 }
 
+/// A kept-alive connection with no request in flight is closed at
+/// SIGTERM, on the S3 port and the admin port alike: fencegate exits
+/// without waiting out its 30 s bound for them.
+#[test]
+fn sigterm_closes_idle_kept_alive_connections() {
+    use std::io::{Read, Write};
+    let mut fg = Fencegate::start(Backend::Embedded, "");
+    let idle: Vec<std::net::TcpStream> = [fg.s3, fg.admin]
+        .into_iter()
+        .map(|addr| {
+            let mut sock = std::net::TcpStream::connect(addr).unwrap();
+            sock.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut head = [0u8; 12];
+            sock.read_exact(&mut head).unwrap();
+            assert!(head.starts_with(b"HTTP/1.1 "), "{head:?}");
+            sock
+        })
+        .collect();
+    assert_eq!(fg.terminate(), Some(0));
+    let logs = fg.logs();
+    assert!(logs.contains("stopped"), "{logs}");
+    assert!(!logs.contains("did not finish"), "{logs}");
+    drop(idle);
+}
+
 #[tokio::test]
 async fn health_endpoint_on_the_admin_listener() {
     let fg = Fencegate::start(Backend::Embedded, "");
