@@ -109,8 +109,9 @@
 //!   `[[eager]]` entries; `config/access.rs` the `*_access` tables (TLS,
 //!   client certificates, users and password files of the services);
 //!   `config/tests.rs` its tests.
-//! - [`metric_names`]: the Prometheus metric names, for every module that
-//!   records one.
+//! - [`metric_names`] (→ per_thread): the Prometheus metric names, for
+//!   every module that records one, and what every request records: the
+//!   histograms' handles and each serving thread's tallies.
 //! - [`body`]: `ProxyBody`, the body type of every response fencegate sends.
 //! - [`tls`]: rustls configs, for the HTTPS listener and https backends.
 //! - [`utc`]: calendar dates from Unix seconds (SigV4 dates, log lines).
@@ -327,6 +328,7 @@ pub mod proxy;
 pub mod redb_file;
 pub mod s3;
 pub mod server;
+pub mod shutdown;
 pub mod store;
 pub mod tls;
 pub mod upstream;

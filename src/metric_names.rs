@@ -1,9 +1,9 @@
 //! The names of fencegate's Prometheus metrics, each with what it counts.
-//! A leaf module: the modules that record metrics (`fence`, `s3`, `proxy`,
-//! `locks`, `server`, `connection`, `store`, `upstream`) import only these
-//! names, and the admin listener,
-//! which installs the recorder and renders it, imports them too
-//! (`admin::metrics`).
+//! The modules that record metrics (`fence`, `s3`, `proxy`, `locks`,
+//! `server`, `connection`, `store`, `upstream`) import only these names
+//! and [`handles`], and the admin listener, which installs the recorder
+//! and renders it, imports them too (`admin::metrics`). It depends on
+//! `per_thread` alone.
 
 /// Requests by `op` and `outcome`: forwarded, `S3Error::outcome`'s words
 /// (stale, not_issued, missing, invalid, condition_failed, auth, busy,
@@ -87,15 +87,19 @@ pub const CLUSTER_FORWARDED: &str = "fencegate_cluster_forwarded_total";
 /// many times it was sent (a histogram: 1 unless ownership moved).
 pub const CLUSTER_FORWARD_SENDS: &str = "fencegate_cluster_forward_sends";
 
-/// Handles of the metrics recorded on every request, each looked up in the
-/// recorder once per process (per thread for `requests`) rather than per
-/// event: a lookup hashes the name and labels into a sharded map, which
-/// cost more than the increment (docs/benchmarks-log.md, "CPU per request"). This
-/// holds because `server::start` installs the recorder before the first
-/// request; a process without one gets no-op handles, as it would anyway.
+/// The metrics recorded on every request. Histograms are handles looked up
+/// in the recorder once per process rather than per event (a lookup hashes
+/// the name and labels into a sharded map, which cost more than the
+/// observation: docs/benchmarks-log.md, "CPU per request"); this holds
+/// because `server::start` installs the recorder before the first request,
+/// and a process without one gets no-op handles, as it would anyway.
+/// Counters and the in-flight gauge are tallies of each serving thread's
+/// own, folded into the recorder when it renders.
 pub mod handles {
-    use metrics::{Counter, Gauge, Histogram};
-    use std::sync::OnceLock;
+    use crate::per_thread::PerThread;
+    use metrics::{Counter, Histogram};
+    use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+    use std::sync::{Mutex, OnceLock};
 
     macro_rules! handle {
         ($fn:ident, $ty:ty, $macro:ident, $name:expr) => {
@@ -105,9 +109,8 @@ pub mod handles {
             }
         };
     }
-    handle!(bytes_in, Counter, counter, super::BYTES_IN);
-    handle!(bytes_out, Counter, counter, super::BYTES_OUT);
-    handle!(inflight_writes, Gauge, gauge, super::INFLIGHT_WRITES);
+    handle!(bytes_in_total, Counter, counter, super::BYTES_IN);
+    handle!(bytes_out_total, Counter, counter, super::BYTES_OUT);
     handle!(
         upstream_latency,
         Histogram,
@@ -116,23 +119,80 @@ pub mod handles {
     );
     handle!(admission_wait, Histogram, histogram, super::ADMISSION_WAIT);
 
-    /// Counts one request in `fencegate_requests_total{op, outcome}`. Both labels are static
-    /// strings: the cache is keyed by their addresses (one label spelt at
-    /// two addresses takes two entries for the same counter, which is
-    /// harmless) and bounded by the labels in the binary.
+    /// What every request adds to `fencegate_requests_total`, the byte
+    /// counters and `fencegate_inflight_writes`, kept apart for each
+    /// serving thread (`per_thread`) and handed to the recorder by
+    /// [`fold`], which `/metrics` calls before it renders. In the
+    /// recorder's own counters each request would write atomics (a count
+    /// and its generation) that every serving thread writes: a cache line
+    /// passed between cores at every request.
+    #[repr(align(128))]
+    #[derive(Default)]
+    struct Tally {
+        bytes_in: AtomicU64,
+        bytes_out: AtomicU64,
+        /// Admitted minus finished writes: one thread's piece can be
+        /// negative (a write finished on another thread); the sum is not.
+        inflight_writes: AtomicI64,
+        /// Requests by (op, outcome), not yet folded. Both labels are
+        /// static strings, found by their addresses (one label spelt at
+        /// two addresses takes two entries for the same counter, which is
+        /// harmless); bounded by the labels in the binary. Locked by its
+        /// own thread, and by `fold`.
+        requests: Mutex<Vec<(&'static str, &'static str, u64)>>,
+    }
+
+    fn tallies() -> &'static PerThread<Tally> {
+        static T: OnceLock<PerThread<Tally>> = OnceLock::new();
+        T.get_or_init(PerThread::default)
+    }
+
+    pub fn add_bytes_in(n: u64) {
+        tallies().mine().bytes_in.fetch_add(n, Relaxed);
+    }
+
+    pub fn add_bytes_out(n: u64) {
+        tallies().mine().bytes_out.fetch_add(n, Relaxed);
+    }
+
+    /// `delta` is 1 when a write is admitted, -1 when it finishes.
+    pub fn add_inflight_writes(delta: i64) {
+        tallies().mine().inflight_writes.fetch_add(delta, Relaxed);
+    }
+
+    /// Counts one request in `fencegate_requests_total{op, outcome}`.
     pub fn count_request(op: &'static str, outcome: &'static str) {
-        use std::cell::RefCell;
-        thread_local! {
-            static CACHE: RefCell<Vec<(usize, usize, Counter)>> = const { RefCell::new(Vec::new()) };
+        let key = (op.as_ptr(), outcome.as_ptr());
+        let mut requests = tallies().mine().requests.lock().expect("never poisoned");
+        match requests
+            .iter_mut()
+            .find(|(o, d, _)| (o.as_ptr(), d.as_ptr()) == key)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => requests.push((op, outcome, 1)),
         }
-        let key = (op.as_ptr() as usize, outcome.as_ptr() as usize);
-        CACHE.with_borrow_mut(|cache| {
-            if let Some((_, _, c)) = cache.iter().find(|(o, d, _)| (*o, *d) == key) {
-                return c.increment(1);
+    }
+
+    /// Hands every thread's tally to the recorder: what it counted since
+    /// the last fold, and the writes in flight now.
+    pub fn fold() {
+        let mut inflight = 0;
+        for tally in tallies().all() {
+            let bytes = tally.bytes_in.swap(0, Relaxed);
+            if bytes > 0 {
+                bytes_in_total().increment(bytes);
             }
-            let c = metrics::counter!(super::REQUESTS, "op" => op, "outcome" => outcome);
-            c.increment(1);
-            cache.push((key.0, key.1, c));
-        })
+            let bytes = tally.bytes_out.swap(0, Relaxed);
+            if bytes > 0 {
+                bytes_out_total().increment(bytes);
+            }
+            inflight += tally.inflight_writes.load(Relaxed);
+            let mut requests = tally.requests.lock().expect("never poisoned");
+            for (op, outcome, n) in requests.iter_mut().filter(|r| r.2 > 0) {
+                let labels = [("op", *op), ("outcome", *outcome)];
+                metrics::counter!(super::REQUESTS, &labels).increment(std::mem::take(n));
+            }
+        }
+        metrics::gauge!(super::INFLIGHT_WRITES).set(inflight as f64);
     }
 }

@@ -237,6 +237,44 @@ async fn metrics_count_exactly_what_happened() {
     assert!(after.contains_key("fencegate_admission_wait_seconds_bucket{le=\"0.001\"}"));
 }
 
+/// The in-flight gauge counts a write from its admission until the
+/// backend answered it, whichever serving thread admitted and finished it.
+#[tokio::test]
+async fn the_inflight_gauge_counts_a_write_the_backend_holds() {
+    use common::backend::Event;
+    let be = TestBackend::start().await;
+    be.stall_after_body(7);
+    let fg = Fencegate::start(be.as_fencegate_backend(), "");
+    let url = format!("http://{}/metrics", fg.admin);
+    let inflight = || async {
+        let (s, text) = http_call("GET", &url, None, None).await;
+        assert_eq!(s, 200);
+        parse_metrics(&text)["fencegate_inflight_writes"]
+    };
+    assert_eq!(inflight().await, 0.0);
+    let raw = std::sync::Arc::new(RawClient::new(&fg.endpoint()));
+    let write = {
+        let raw = raw.clone();
+        tokio::spawn(async move { raw.send(RawRequest::put("/demo/k", "data").token(7)).await })
+    };
+    be.wait_for("the write at the backend", |ev| {
+        ev.iter().any(|e| matches!(e, Event::BodyComplete { .. }))
+    })
+    .await;
+    assert_eq!(inflight().await, 1.0);
+    be.release(7);
+    assert_eq!(write.await.unwrap().unwrap().status, 200);
+    // Let go when the answer's body ends, which can be just after the
+    // client read it.
+    for _ in 0..100 {
+        if inflight().await == 0.0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the write is still counted in flight after its answer");
+}
+
 #[tokio::test]
 async fn one_warn_line_per_refused_write_and_no_secret_in_logs() {
     let be = TestBackend::start().await;

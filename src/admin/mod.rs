@@ -27,6 +27,7 @@ use crate::body::{ProxyBody, full};
 use crate::config::Secret;
 use crate::fence::gate::{Gate, Refusal};
 use crate::fence::issued::Whose;
+use crate::metric_names as m;
 use crate::s3::query;
 use crate::s3::session::{SessionIssuer, rfc3339};
 use crate::s3::sigv4::same_signature;
@@ -81,7 +82,10 @@ impl Admin {
             (&Method::GET, "/healthz") => json(StatusCode::OK, json!({"status": "ok"})),
             (&Method::GET, "/readyz") => self.ready().await,
             (&Method::GET, "/metrics") => match &self.metrics {
-                Some(h) => respond(StatusCode::OK, "text/plain; version=0.0.4", h.render()),
+                Some(h) => {
+                    m::handles::fold();
+                    respond(StatusCode::OK, "text/plain; version=0.0.4", h.render())
+                }
                 None => json(StatusCode::NOT_FOUND, json!({"error": "metrics are off"})),
             },
             (&Method::GET, "/fences") => self.list(req.uri().query()).await,

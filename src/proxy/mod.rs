@@ -412,7 +412,7 @@ impl Proxy {
         let resp = resp.map(|b| {
             b.map_frame(|f| {
                 if let Some(d) = f.data_ref() {
-                    m::handles::bytes_out().increment(d.len() as u64);
+                    m::handles::add_bytes_out(d.len() as u64);
                 }
                 f
             })

@@ -63,7 +63,7 @@ impl Stream for Incoming {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle.progress();
                     if let Ok(data) = frame.into_data() {
-                        m::handles::bytes_in().increment(data.len() as u64);
+                        m::handles::add_bytes_in(data.len() as u64);
                         return Poll::Ready(Some(Ok(data)));
                     }
                 }

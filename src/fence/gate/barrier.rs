@@ -154,7 +154,7 @@ pub(super) fn push_entry(
     let id = st.next_id;
     st.next_id += 1;
     let abort = Arc::new(super::AbortSignal::default());
-    m::handles::inflight_writes().increment(1.0);
+    m::handles::add_inflight_writes(1);
     st.inflight.push(Entry {
         id,
         token,

@@ -258,7 +258,7 @@ impl Drop for Permit {
             let mut st = self.slot.lock();
             st.inflight.retain(|e| e.id != self.id);
         }
-        m::handles::inflight_writes().decrement(1.0);
+        m::handles::add_inflight_writes(-1);
         self.slot.changed.notify_waiters();
         // The registration, if any, deletes itself as it drops.
     }
