@@ -59,7 +59,7 @@ impl Resolver {
                 mode: RuleMode::Unfenced,
                 ..
             }) => Fencing::Unfenced,
-            _ => Fencing::Fenced(format!("{bucket}/{key}")),
+            _ => Fencing::Fenced([bucket, "/", key].concat()),
         }
     }
 }

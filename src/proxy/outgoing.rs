@@ -150,7 +150,7 @@ impl Proxy {
         let payload = &admitted.verified.payload;
         if !has_body {
             if let Payload::Sha256(h) = payload
-                && h[..] != <sha2::Sha256 as sha2::Digest>::digest(b"")[..]
+                && *h != crate::s3::sigv4::EMPTY_SHA256_BYTES
             {
                 return Err(S3Error::ContentSha256Mismatch);
             }

@@ -28,6 +28,11 @@ pub const PATH: &AsciiSet = &STRICT.remove(b'/');
 
 /// SHA-256 of nothing, as hex: the content hash of an empty body.
 pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+/// The same, as bytes.
+pub const EMPTY_SHA256_BYTES: [u8; 32] = [
+    0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+    0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55,
+];
 
 pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
     let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
@@ -443,6 +448,13 @@ mod tests {
         let t = parse_amz_date("19700102T000001Z").unwrap();
         assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 86_401);
         assert!(parse_amz_date("2013-05-24T00:00:00Z").is_none());
+    }
+
+    #[test]
+    fn the_empty_hash_is_the_hash_of_nothing() {
+        let hash = <sha2::Sha256 as sha2::Digest>::digest(b"");
+        assert_eq!(hash[..], EMPTY_SHA256_BYTES);
+        assert_eq!(hex_lower(&hash), EMPTY_SHA256);
     }
 
     #[test]
