@@ -475,8 +475,11 @@ impl Gate {
         }
         // One process raises a single node's fence table; an owner's fence may
         // also be raised by another replica (the admin API, eager fencing).
+        // Boxed: its etcd transaction is a future of several KB that would
+        // otherwise size (and be moved with) every request's future, on a
+        // single node too.
         let (recorded, put) = match owner {
-            Some(o) => self.raise_owned(slot, resource, token, o).await?,
+            Some(o) => Box::pin(self.raise_owned(slot, resource, token, o)).await?,
             None => (self.table.raise(resource, token).await?, true),
         };
         if put {
