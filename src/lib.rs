@@ -171,7 +171,8 @@
 //!
 //! The S3 front (→ fence, body, config, metric_names, utc):
 //!
-//! - [`s3::op`]: which operation a request is, which ones are fenced writes.
+//! - [`s3::op`]: which operation a request is, which ones are fenced writes;
+//!   `op/tests.rs`: its classification table and the requests it refuses.
 //! - [`s3::names`]: bucket names, keys and copy sources in the one form that
 //!   is fenced and forwarded.
 //! - [`s3::auth`]: SigV4 verification, header and presigned, step by step;
