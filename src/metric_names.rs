@@ -99,7 +99,7 @@ pub mod handles {
     use crate::per_thread::PerThread;
     use metrics::{Counter, Histogram};
     use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
     macro_rules! handle {
         ($fn:ident, $ty:ty, $macro:ident, $name:expr) => {
@@ -135,11 +135,26 @@ pub mod handles {
         /// negative (a write finished on another thread); the sum is not.
         inflight_writes: AtomicI64,
         /// Requests by (op, outcome), not yet folded. Both labels are
-        /// static strings, found by their addresses (one label spelt at
-        /// two addresses takes two entries for the same counter, which is
-        /// harmless); bounded by the labels in the binary. Locked by its
-        /// own thread, and by `fold`.
+        /// static strings, found by their addresses and lengths (one label
+        /// spelt at two addresses takes two entries for the same counter,
+        /// which is harmless); bounded by the labels in the binary. Locked
+        /// by the threads of this piece (a serving thread's own; piece 0
+        /// is every other thread's), and by `fold`.
         requests: Mutex<Vec<(&'static str, &'static str, u64)>>,
+    }
+
+    /// A piece's requests. A panic while one is locked leaves nothing
+    /// half-done (each entry is a label pair and a count), so a poisoned
+    /// lock is taken as it is rather than failing every later request.
+    fn lock_requests(tally: &Tally) -> MutexGuard<'_, Vec<(&'static str, &'static str, u64)>> {
+        tally
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn same(a: &str, b: &str) -> bool {
+        (a.as_ptr(), a.len()) == (b.as_ptr(), b.len())
     }
 
     fn tallies() -> &'static PerThread<Tally> {
@@ -162,11 +177,10 @@ pub mod handles {
 
     /// Counts one request in `fencegate_requests_total{op, outcome}`.
     pub fn count_request(op: &'static str, outcome: &'static str) {
-        let key = (op.as_ptr(), outcome.as_ptr());
-        let mut requests = tallies().mine().requests.lock().expect("never poisoned");
+        let mut requests = lock_requests(tallies().mine());
         match requests
             .iter_mut()
-            .find(|(o, d, _)| (o.as_ptr(), d.as_ptr()) == key)
+            .find(|(o, d, _)| same(o, op) && same(d, outcome))
         {
             Some((_, _, n)) => *n += 1,
             None => requests.push((op, outcome, 1)),
@@ -174,9 +188,12 @@ pub mod handles {
     }
 
     /// Hands every thread's tally to the recorder: what it counted since
-    /// the last fold, and the writes in flight now.
+    /// the last fold, and the writes in flight now. That gauge is a
+    /// sample: a write admitted on a piece already read and finished on
+    /// one not yet read counts -1 in this sum, so it is kept at 0 or more.
     pub fn fold() {
         let mut inflight = 0;
+        let mut counted = Vec::new();
         for tally in tallies().all() {
             let bytes = tally.bytes_in.swap(0, Relaxed);
             if bytes > 0 {
@@ -187,12 +204,16 @@ pub mod handles {
                 bytes_out_total().increment(bytes);
             }
             inflight += tally.inflight_writes.load(Relaxed);
-            let mut requests = tally.requests.lock().expect("never poisoned");
+            // Taken under the lock, handed over after it.
+            let mut requests = lock_requests(tally);
             for (op, outcome, n) in requests.iter_mut().filter(|r| r.2 > 0) {
-                let labels = [("op", *op), ("outcome", *outcome)];
-                metrics::counter!(super::REQUESTS, &labels).increment(std::mem::take(n));
+                counted.push((*op, *outcome, std::mem::take(n)));
             }
         }
-        metrics::gauge!(super::INFLIGHT_WRITES).set(inflight as f64);
+        for (op, outcome, n) in counted {
+            let labels = [("op", op), ("outcome", outcome)];
+            metrics::counter!(super::REQUESTS, &labels).increment(n);
+        }
+        metrics::gauge!(super::INFLIGHT_WRITES).set(inflight.max(0) as f64);
     }
 }

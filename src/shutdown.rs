@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use tokio::sync::watch;
 
-/// The signal, and the count of the connections that watch it.
+/// The signal. Its watch channel counts the watchers still alive: those
+/// watching a connection, and those not yet watching (a connection queued
+/// for its serving thread, or in its TLS handshake).
 pub struct Shutdown {
     tx: watch::Sender<()>,
 }

@@ -238,7 +238,8 @@ async fn metrics_count_exactly_what_happened() {
 }
 
 /// The in-flight gauge counts a write from its admission until the
-/// backend answered it, whichever serving thread admitted and finished it.
+/// backend answered it (each serving thread keeps its own count; a scrape
+/// adds them up).
 #[tokio::test]
 async fn the_inflight_gauge_counts_a_write_the_backend_holds() {
     use common::backend::Event;
