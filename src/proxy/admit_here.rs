@@ -53,6 +53,20 @@ impl Proxy {
         self.conditions_on_backend(op.op) && self.probe.honours_writes()
     }
 
+    /// How the gate admits `op` on `resource`, if it does. The backend
+    /// refuses a conditioned write once overtaken only on its own object:
+    /// on a resource of several objects it is a write like any other.
+    fn kind(&self, op: &Operation, resource: &str, object: &str) -> Option<Kind> {
+        match op.effect() {
+            Effect::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
+                Some(Kind::Conditioned)
+            }
+            Effect::ObjectWrite => Some(Kind::Write),
+            Effect::ObjectRead => Some(Kind::Read),
+            _ => None,
+        }
+    }
+
     /// Phase 6: admission through the gate, for `token` (phase 5's). An
     /// unconditional write that replaces or deletes its object shares the
     /// object's hold in the same step where that saves a round trip
@@ -86,16 +100,8 @@ impl Proxy {
             return Ok(none);
         }
         let object = object_name(bucket, key);
-        // The backend refuses a conditioned write once overtaken only on
-        // its own object: on a resource of several objects it is a write
-        // like any other.
-        let kind = match op.effect() {
-            Effect::ObjectWrite if self.conditioned_at_backend(op) && resource == object => {
-                Kind::Conditioned
-            }
-            Effect::ObjectWrite => Kind::Write,
-            Effect::ObjectRead => Kind::Read,
-            _ => return Ok(none),
+        let Some(kind) = self.kind(op, &resource, &object) else {
+            return Ok(none);
         };
         ctx.resource = Some(resource.clone());
         let token = match (token, kind) {
