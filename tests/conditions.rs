@@ -156,44 +156,40 @@ async fn if_match_swaps_have_one_winner_per_version(store: Store) {
     }
 }
 
-/// A condition that does not hold refuses the write and changes nothing;
-/// one that holds lets it through. Each operation S3 gives conditions.
-async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
-    let run = store.start(FREE);
-    let c = common::sdk(&run.fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
-    let wrong = "\"0123456789abcdef0123456789abcdef\"";
-    put(&c, "free/k", "v1", None).send().await.unwrap();
-    let v1 = etag_of(&c, "free/k").await;
+/// PutObject: wrong conditions refuse and change nothing, `If-Match: *`
+/// and both conditions at once are not implemented, a right `If-Match`
+/// writes. The ETags of `free/k`'s first and second versions.
+async fn put_object_conditions(c: &Client, wrong: &str) -> (String, String) {
+    put(c, "free/k", "v1", None).send().await.unwrap();
+    let v1 = etag_of(c, "free/k").await;
 
     // PutObject.
-    let r = put(&c, "free/k", "x", None).if_none_match("*").send().await;
+    let r = put(c, "free/k", "x", None).if_none_match("*").send().await;
     assert_eq!(outcome(r), (412, "PreconditionFailed".into()));
-    let r = put(&c, "free/k", "x", None).if_match(wrong).send().await;
+    let r = put(c, "free/k", "x", None).if_match(wrong).send().await;
     assert_eq!(outcome(r), (412, "PreconditionFailed".into()));
-    let r = put(&c, "free/missing", "x", None)
-        .if_match(&v1)
-        .send()
-        .await;
+    let r = put(c, "free/missing", "x", None).if_match(&v1).send().await;
     assert_eq!(outcome(r), (404, "NoSuchKey".into()));
-    assert_eq!(body_of(&c, "free/missing").await, None);
-    assert_eq!(body_of(&c, "free/k").await.as_deref(), Some("v1"));
+    assert_eq!(body_of(c, "free/missing").await, None);
+    assert_eq!(body_of(c, "free/k").await.as_deref(), Some("v1"));
     // What AWS does not implement: `If-Match: *` on a write, both at once.
-    let r = put(&c, "free/k", "x", None).if_match("*").send().await;
+    let r = put(c, "free/k", "x", None).if_match("*").send().await;
     assert_eq!(outcome(r), (501, "NotImplemented".into()));
-    let r = put(&c, "free/k", "x", None)
-        .if_match(&v1)
-        .if_none_match("*");
+    let r = put(c, "free/k", "x", None).if_match(&v1).if_none_match("*");
     assert_eq!(outcome(r.send().await), (501, "NotImplemented".into()));
-    put(&c, "free/k", "v2", None)
+    put(c, "free/k", "v2", None)
         .if_match(&v1)
         .send()
         .await
         .unwrap();
-    let v2 = etag_of(&c, "free/k").await;
+    let v2 = etag_of(c, "free/k").await;
+    (v1, v2)
+}
 
-    // CopyObject: the destination's conditions.
-    put(&c, "free/src", "copied", None).send().await.unwrap();
+/// CopyObject: the destination's conditions refuse or let the copy
+/// onto `free/k` (at version `v2`) through.
+async fn copy_object_conditions(c: &Client, v1: &str, v2: &str) {
+    put(c, "free/src", "copied", None).send().await.unwrap();
     let copy = || {
         c.copy_object()
             .bucket("demo")
@@ -205,20 +201,23 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
         (412, "PreconditionFailed".into())
     );
     assert_eq!(
-        outcome(copy().if_match(&v1).send().await),
+        outcome(copy().if_match(v1).send().await),
         (412, "PreconditionFailed".into())
     );
-    assert_eq!(body_of(&c, "free/k").await.as_deref(), Some("v2"));
-    copy().if_match(&v2).send().await.unwrap();
-    assert_eq!(body_of(&c, "free/k").await.as_deref(), Some("copied"));
+    assert_eq!(body_of(c, "free/k").await.as_deref(), Some("v2"));
+    copy().if_match(v2).send().await.unwrap();
+    assert_eq!(body_of(c, "free/k").await.as_deref(), Some("copied"));
     let to_new = c
         .copy_object()
         .bucket("demo")
         .key("free/new")
         .copy_source("demo/free/src");
     to_new.if_none_match("*").send().await.unwrap();
+}
 
-    // DeleteObject: ETag, last-modified time and size.
+/// DeleteObject: a wrong ETag, size or time refuses and keeps the object,
+/// right ones delete it; once gone, `If-Match` fails and a size alone holds.
+async fn delete_object_conditions(c: &Client, wrong: &str) {
     let del = || c.delete_object().bucket("demo").key("free/k");
     assert_eq!(
         outcome(del().if_match(wrong).send().await),
@@ -239,7 +238,7 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
     let earlier = aws_sdk_s3::primitives::DateTime::from_secs(modified.secs() - 3600);
     let r = del().if_match_last_modified_time(earlier).send().await;
     assert_eq!(outcome(r), (412, "PreconditionFailed".into()));
-    assert_eq!(body_of(&c, "free/k").await.as_deref(), Some("copied"));
+    assert_eq!(body_of(c, "free/k").await.as_deref(), Some("copied"));
     let size = head.content_length().unwrap();
     let etag = head.e_tag().unwrap();
     let r = del()
@@ -247,18 +246,21 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
         .if_match_size(size)
         .if_match_last_modified_time(modified);
     r.send().await.unwrap();
-    assert_eq!(body_of(&c, "free/k").await, None);
+    assert_eq!(body_of(c, "free/k").await, None);
     // Gone: `If-Match` (even `*`) cannot hold; a size alone holds.
     assert_eq!(
         outcome(del().if_match("*").send().await),
         (404, "NoSuchKey".into())
     );
     del().if_match_size(5).send().await.unwrap();
+}
 
-    // DeleteObjects: each key's conditions, each key answered.
-    put(&c, "free/d1", "one", None).send().await.unwrap();
-    put(&c, "free/d2", "two", None).send().await.unwrap();
-    let d1 = etag_of(&c, "free/d1").await;
+/// DeleteObjects: each key's conditions decide that key alone, and each
+/// key is answered, also when every key is refused.
+async fn delete_objects_conditions(c: &Client, wrong: &str) {
+    put(c, "free/d1", "one", None).send().await.unwrap();
+    put(c, "free/d2", "two", None).send().await.unwrap();
+    let d1 = etag_of(c, "free/d1").await;
     let obj = |k: &str| aws_sdk_s3::types::ObjectIdentifier::builder().key(k);
     let delete = aws_sdk_s3::types::Delete::builder()
         .objects(obj("free/d1").e_tag(&d1).build().unwrap())
@@ -284,8 +286,8 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
         "{deleted:?}"
     );
     assert_eq!(errors, [("free/d2", "PreconditionFailed")]);
-    assert_eq!(body_of(&c, "free/d1").await, None);
-    assert_eq!(body_of(&c, "free/d2").await.as_deref(), Some("two"));
+    assert_eq!(body_of(c, "free/d1").await, None);
+    assert_eq!(body_of(c, "free/d2").await.as_deref(), Some("two"));
     // Only refused keys: nothing reaches the backend, the answer is whole.
     let delete = aws_sdk_s3::types::Delete::builder()
         .objects(obj("free/d2").e_tag(wrong).build().unwrap())
@@ -299,7 +301,26 @@ async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
         .await
         .unwrap();
     assert_eq!(res.errors().len(), 1);
-    assert_eq!(body_of(&c, "free/d2").await.as_deref(), Some("two"));
+    assert_eq!(body_of(c, "free/d2").await.as_deref(), Some("two"));
+}
+
+/// A condition that does not hold refuses the write and changes nothing;
+/// one that holds lets it through. Each operation S3 gives conditions.
+async fn wrong_conditions_refuse_and_right_ones_pass(store: Store) {
+    let run = store.start(FREE);
+    let c = common::sdk(&run.fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    let wrong = "\"0123456789abcdef0123456789abcdef\"";
+    let (v1, v2) = put_object_conditions(&c, wrong).await;
+
+    // CopyObject: the destination's conditions.
+    copy_object_conditions(&c, &v1, &v2).await;
+
+    // DeleteObject: ETag, last-modified time and size.
+    delete_object_conditions(&c, wrong).await;
+
+    // DeleteObjects: each key's conditions, each key answered.
+    delete_objects_conditions(&c, wrong).await;
 }
 
 /// CompleteMultipartUpload's conditions are decided when it completes; a

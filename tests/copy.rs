@@ -5,13 +5,14 @@ mod common;
 
 on_both_stores!(copy_stamps_the_new_token_and_keeps_the_rest);
 
+use aws_sdk_s3::Client;
+use aws_sdk_s3::operation::copy_object::builders::CopyObjectFluentBuilder;
 use aws_sdk_s3::primitives::ByteStream;
 use common::fencegate::{LIMITED_KEY, LIMITED_SECRET};
 
-async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
-    let run = store.start("");
-    let c = common::sdk(&run.fg.endpoint());
-    common::ensure_bucket(&c, "demo").await;
+/// Puts `demo/src`: a CSV body with its content type, cache control,
+/// metadata `owner` and fencing token 50.
+async fn put_source(c: &Client) {
     c.put_object()
         .bucket("demo")
         .key("src")
@@ -23,16 +24,20 @@ async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
         .send()
         .await
         .unwrap();
-    // The destination's fence is its own: 7 is fine there although the
-    // source's is 50.
+}
+
+/// A CopyObject of `demo/src` onto `demo/dst` with fencing token `token`.
+fn copy_to_dst(c: &Client, token: &str) -> CopyObjectFluentBuilder {
     c.copy_object()
         .bucket("demo")
         .key("dst")
         .copy_source("demo/src")
-        .metadata("fencing-token", "7")
-        .send()
-        .await
-        .unwrap();
+        .metadata("fencing-token", token.to_string())
+}
+
+/// Asserts `demo/dst` has token 7 and the source's metadata, content
+/// headers and body.
+async fn dst_is_the_source_stamped_7(c: &Client) {
     let head = c
         .head_object()
         .bucket("demo")
@@ -56,17 +61,24 @@ async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
         got.body.collect().await.unwrap().into_bytes().as_ref(),
         b"a,b\n"
     );
+}
+
+async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
+    let run = store.start("");
+    let c = common::sdk(&run.fg.endpoint());
+    common::ensure_bucket(&c, "demo").await;
+    put_source(&c).await;
+    // The destination's fence is its own: 7 is fine there although the
+    // source's is 50.
+    copy_to_dst(&c, "7").send().await.unwrap();
+    dst_is_the_source_stamped_7(&c).await;
 
     // `replace` in lower case is REPLACE for fencegate, and goes on as
     // `REPLACE`: the copy is stamped with its own token, not the source's
     // (a store that knows only `REPLACE` would copy the source's 50).
     use aws_sdk_s3::types::MetadataDirective;
-    c.copy_object()
-        .bucket("demo")
-        .key("dst")
-        .copy_source("demo/src")
+    copy_to_dst(&c, "8")
         .metadata_directive(MetadataDirective::from("replace"))
-        .metadata("fencing-token", "8")
         .send()
         .await
         .unwrap();
@@ -74,13 +86,8 @@ async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
     assert_eq!(head.unwrap().metadata().unwrap()["fencing-token"], "8");
     // A directive that is neither is refused, not read one way here and
     // another at the store.
-    let e = c
-        .copy_object()
-        .bucket("demo")
-        .key("dst")
-        .copy_source("demo/src")
+    let e = copy_to_dst(&c, "9")
         .metadata_directive(MetadataDirective::from("MOVE"))
-        .metadata("fencing-token", "9")
         .send()
         .await
         .unwrap_err();
@@ -90,15 +97,7 @@ async fn copy_stamps_the_new_token_and_keeps_the_rest(store: common::Store) {
     );
 
     // A stale copy onto dst is refused; the source's fence is untouched.
-    let e = c
-        .copy_object()
-        .bucket("demo")
-        .key("dst")
-        .copy_source("demo/src")
-        .metadata("fencing-token", "7")
-        .send()
-        .await
-        .unwrap_err();
+    let e = copy_to_dst(&c, "7").send().await.unwrap_err();
     assert_eq!(
         aws_sdk_s3::error::ProvideErrorMetadata::code(&e),
         Some("StaleFencingToken")

@@ -163,32 +163,26 @@ async fn a_session_credential_carries_its_token_on_every_request() {
     assert!(e.message().unwrap_or_default().contains("nightly"), "{e:?}");
 }
 
-#[tokio::test]
-async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
-    let fg = start();
-    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
-    common::ensure_bucket(&common::sdk(&fg.endpoint()), "other").await;
-    let c = issue(&fg, 7, &["demo/jobs/"], None).await;
-    let s = |k: &str| c[k].as_str().unwrap().to_string();
-    let (key, secret, token) = (s("AccessKeyId"), s("SecretAccessKey"), s("SessionToken"));
+/// Asserts a refusal is AccessDenied and names the scope and the lock.
+fn names_scope(e: &dyn ProvideErrorMetadata) {
+    assert_eq!(e.code(), Some("AccessDenied"));
+    let m = e.message().unwrap_or_default();
+    assert!(
+        m.contains("outside the scope") && m.contains("demo/jobs/"),
+        "{m}"
+    );
+    assert!(m.contains("lock"), "{m}");
+}
 
-    // Out of scope: another prefix, another bucket, a wider listing, one
-    // key of a DeleteObjects.
-    let ok = client_with(&fg, &key, &secret, &token);
+/// Client `ok`, scoped to `demo/jobs/`, is refused another prefix, another
+/// bucket, a wider listing (v2 and v1), a DeleteObjects with one key out
+/// of scope, and bucket administration; listings of its scope pass.
+async fn out_of_scope_requests_are_refused(ok: &aws_sdk_s3::Client) {
     assert_eq!(
-        put(&ok, "elsewhere/x", "x").await,
+        put(ok, "elsewhere/x", "x").await,
         Err((403, "AccessDenied".into()))
     );
     // Each refusal names the scope and the lock, whatever it refuses.
-    let names_scope = |e: &dyn ProvideErrorMetadata| {
-        assert_eq!(e.code(), Some("AccessDenied"));
-        let m = e.message().unwrap_or_default();
-        assert!(
-            m.contains("outside the scope") && m.contains("demo/jobs/"),
-            "{m}"
-        );
-        assert!(m.contains("lock"), "{m}");
-    };
     let other = ok
         .put_object()
         .bucket("other")
@@ -240,30 +234,57 @@ async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
     names_scope(&mb.unwrap_err());
     let rb = ok.delete_bucket().bucket("demo").send().await;
     names_scope(&rb.unwrap_err());
+}
 
+/// A wrong secret, an altered session token and another credential's
+/// session token under access key `key` are each refused.
+async fn wrong_secret_and_altered_or_swapped_tokens_are_refused(
+    fg: &Fencegate,
+    key: &str,
+    secret: &str,
+    token: &str,
+) {
     // A wrong secret.
-    let wrong = client_with(&fg, &key, &format!("{secret}x"), &token);
+    let wrong = client_with(fg, key, &format!("{secret}x"), token);
     assert_eq!(
         put(&wrong, "jobs/x", "x").await,
         Err((403, "SignatureDoesNotMatch".into()))
     );
     // An altered session token: one character of its body changed.
-    let mut altered = token.clone().into_bytes();
+    let mut altered = token.to_string().into_bytes();
     let i = token.find('.').unwrap() + 12;
     altered[i] = if altered[i] == b'A' { b'B' } else { b'A' };
     let altered = String::from_utf8(altered).unwrap();
-    let bad = client_with(&fg, &key, &secret, &altered);
+    let bad = client_with(fg, key, secret, &altered);
     assert_eq!(
         put(&bad, "jobs/x", "x").await,
         Err((403, "InvalidToken".into()))
     );
     // Another credential's session token under this access key.
-    let c2 = issue(&fg, 8, &["demo/jobs/"], None).await;
-    let swapped = client_with(&fg, &key, &secret, c2["SessionToken"].as_str().unwrap());
+    let c2 = issue(fg, 8, &["demo/jobs/"], None).await;
+    let swapped = client_with(fg, key, secret, c2["SessionToken"].as_str().unwrap());
     assert_eq!(
         put(&swapped, "jobs/x", "x").await,
         Err((403, "InvalidToken".into()))
     );
+}
+
+#[tokio::test]
+async fn expired_altered_mismatched_and_out_of_scope_credentials_are_refused() {
+    let fg = start();
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "other").await;
+    let c = issue(&fg, 7, &["demo/jobs/"], None).await;
+    let s = |k: &str| c[k].as_str().unwrap().to_string();
+    let (key, secret, token) = (s("AccessKeyId"), s("SecretAccessKey"), s("SessionToken"));
+
+    // Out of scope: another prefix, another bucket, a wider listing, one
+    // key of a DeleteObjects.
+    let ok = client_with(&fg, &key, &secret, &token);
+    out_of_scope_requests_are_refused(&ok).await;
+
+    // A wrong secret, an altered session token, a swapped one.
+    wrong_secret_and_altered_or_swapped_tokens_are_refused(&fg, &key, &secret, &token).await;
 
     // Expired: a one-second credential, two seconds later.
     let short = issue(&fg, 9, &["demo/jobs/"], Some(1)).await;

@@ -24,10 +24,10 @@ mod shapes;
 mod world;
 
 use check::Observed;
-use shapes::{SECRET, SEEDS, Shape, seed_body};
+use shapes::{Case, SECRET, SEEDS, Shape, seed_body};
 use std::collections::BTreeMap;
 use std::time::Instant;
-use world::{Which, World};
+use world::{Exchange, Snapshot, Which, World};
 
 /// Defaults of a plain `cargo test`: fixed, so that it is deterministic.
 const DEFAULT_SEED: u64 = 20_240_611;
@@ -93,18 +93,7 @@ async fn differential(which: Which) {
         };
 
         // Copies move content: find `oth`'s secret wherever it landed.
-        let mut leaked = Vec::new();
-        if matches!(case.shape, Shape::Copy | Shape::PartCopy) {
-            for (bucket, key, _, now) in check::changes(&before, &after) {
-                if bucket != "oth"
-                    && now.is_some()
-                    && let Some(b) = world.body(&bucket, &key).await
-                    && String::from_utf8_lossy(&b).contains(SECRET)
-                {
-                    leaked.push((bucket, key));
-                }
-            }
-        }
+        let leaked = leaked_secrets(&world, &case, &before, &after).await;
         let observed = Observed {
             case: &case,
             t,
@@ -117,20 +106,7 @@ async fn differential(which: Which) {
         };
         let violations = check::judge(&observed);
         if verbose {
-            let got: Vec<String> = exchanges
-                .iter()
-                .map(|e| format!("{} {}", e.status, e.code.as_deref().unwrap_or("")))
-                .collect();
-            eprintln!(
-                "[{which:?}] case {index} {:?} {:?} {} {}?{} host={:?} -> {got:?}, {} violation(s)",
-                case.shape,
-                case.cred,
-                case.method,
-                case.path,
-                case.query.join("&"),
-                case.host,
-                violations.len()
-            );
+            print_case(which, index, &case, &exchanges, &violations);
         }
         if !violations.is_empty() {
             let r = check::report(seed, &observed, &violations);
@@ -141,29 +117,98 @@ async fn differential(which: Which) {
 
         // Clean up for the next case: `shared` never keeps `oth`'s secret
         // (so that finding it proves a leak), and the seeds are back.
-        let mut touched = false;
-        for (bucket, key) in &leaked {
-            world.delete(bucket, key, t + 1).await;
-            touched = true;
-        }
-        for (bucket, key) in SEEDS {
-            if !after
-                .objects
-                .contains_key(&(bucket.to_string(), key.to_string()))
-                || leaked.iter().any(|(b, k)| b == bucket && k == key)
-            {
-                world.put(bucket, key, seed_body(bucket, key), t + 1).await;
-                touched = true;
-            }
-        }
-        before = if touched {
-            world.snapshot().await
-        } else {
-            after
-        };
+        before = clean_up(&world, &leaked, after, t).await;
     }
 
     let elapsed = started.elapsed();
+    report_and_assert(which, seed, cases, &reports, &caught, &statuses, elapsed);
+}
+
+/// After a copy (`Copy`, `PartCopy`), the objects outside `oth` that changed
+/// from `before` to `after` and now hold `oth`'s secret.
+async fn leaked_secrets(
+    world: &World,
+    case: &Case,
+    before: &Snapshot,
+    after: &Snapshot,
+) -> Vec<(String, String)> {
+    let mut leaked = Vec::new();
+    if matches!(case.shape, Shape::Copy | Shape::PartCopy) {
+        for (bucket, key, _, now) in check::changes(before, after) {
+            if bucket != "oth"
+                && now.is_some()
+                && let Some(b) = world.body(&bucket, &key).await
+                && String::from_utf8_lossy(&b).contains(SECRET)
+            {
+                leaked.push((bucket, key));
+            }
+        }
+    }
+    leaked
+}
+
+/// Prints one line for a case: its request, the answers and how many
+/// violations it has (`DIFF_VERBOSE=1`).
+fn print_case(
+    which: Which,
+    index: usize,
+    case: &Case,
+    exchanges: &[Exchange],
+    violations: &[String],
+) {
+    let got: Vec<String> = exchanges
+        .iter()
+        .map(|e| format!("{} {}", e.status, e.code.as_deref().unwrap_or("")))
+        .collect();
+    eprintln!(
+        "[{which:?}] case {index} {:?} {:?} {} {}?{} host={:?} -> {got:?}, {} violation(s)",
+        case.shape,
+        case.cred,
+        case.method,
+        case.path,
+        case.query.join("&"),
+        case.host,
+        violations.len()
+    );
+}
+
+/// Deletes the `leaked` copies of `oth`'s secret and puts back the seeds
+/// missing from `after` or leaked over, with token `t + 1`; the snapshot
+/// the next case starts from.
+async fn clean_up(world: &World, leaked: &[(String, String)], after: Snapshot, t: u64) -> Snapshot {
+    let mut touched = false;
+    for (bucket, key) in leaked {
+        world.delete(bucket, key, t + 1).await;
+        touched = true;
+    }
+    for (bucket, key) in SEEDS {
+        if !after
+            .objects
+            .contains_key(&(bucket.to_string(), key.to_string()))
+            || leaked.iter().any(|(b, k)| b == bucket && k == key)
+        {
+            world.put(bucket, key, seed_body(bucket, key), t + 1).await;
+            touched = true;
+        }
+    }
+    if touched {
+        world.snapshot().await
+    } else {
+        after
+    }
+}
+
+/// Prints the run's summary, writes it and every report to a file under
+/// `CARGO_TARGET_TMPDIR`, and asserts no case was violating.
+fn report_and_assert(
+    which: Which,
+    seed: u64,
+    cases: usize,
+    reports: &[String],
+    caught: &BTreeMap<String, usize>,
+    statuses: &BTreeMap<u16, usize>,
+    elapsed: std::time::Duration,
+) {
     let mut summary = format!(
         "[{which:?}] differential: seed {seed}, {cases} cases, {} violating, {:.1}s\n  statuses: {statuses:?}\n",
         reports.len(),
@@ -171,7 +216,7 @@ async fn differential(which: Which) {
     );
     if !reports.is_empty() {
         summary.push_str("  violating cases by what the request contains:\n");
-        for (cause, n) in &caught {
+        for (cause, n) in caught {
             summary.push_str(&format!("    {n:5} {cause}\n"));
         }
     }

@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::jobs::{Rig, access_key_of, random_files, rclone_env, results, venv_bin};
+use common::jobs::{Job, Rig, access_key_of, random_files, rclone_env, results, venv_bin};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -164,6 +164,34 @@ impl Pg {
         c
     }
 
+    /// Makes a new cluster in `data` with `initdb`, trusting local users.
+    fn initdb(&self) {
+        let out = self
+            .as_postgres("initdb")
+            .args(["--no-sync", "-A", "trust", "-U", "postgres", "-D"])
+            .arg(&self.data)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "initdb: {out:?}");
+    }
+
+    /// A second cluster in `data`: a copy of this one's (stopped) data
+    /// directory, on a port of its own.
+    fn copy_to(&self, data: PathBuf) -> Pg {
+        let copy = Pg {
+            data,
+            port: common::free_port(),
+            bin: self.bin.clone(),
+        };
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(&self.data)
+            .arg(&copy.data)
+            .status();
+        assert!(copied.unwrap().success());
+        copy
+    }
+
     fn start(&self) {
         let opts = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c wal_level=replica \
@@ -221,44 +249,28 @@ impl Drop for Pg {
     }
 }
 
-/// pgBackRest after a failover gone wrong: two servers with one history
-/// up to a point (a copy of one data directory), then their own, archive
-/// WAL to one repository. A, the old primary, archived while it held the
-/// lock; B, promoted, holds it now and archives its own segments. A's
-/// later `archive-push` is refused, of a segment B has not archived yet
-/// too, and the repository holds B's history only. pgBackRest speaks S3
-/// over HTTPS only: fencegate serves HTTPS here.
-#[test]
-fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
-    let pki = common::secure::Pki::new();
-    let rig = Rig::start_with("pgbr/", Some(&pki));
-    let home = rig.dir.path();
-    let own = |p: &Path| {
-        let ok = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(p)
-            .status();
-        assert!(ok.unwrap().success());
-    };
-    own(home);
-    let bin = std::fs::read_dir("/usr/lib/postgresql")
+/// Hands `p` and everything under it to the `postgres` user.
+fn chown_to_postgres(p: &Path) {
+    let ok = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(p)
+        .status();
+    assert!(ok.unwrap().success());
+}
+
+/// The `bin` directory of the newest PostgreSQL installed from Debian.
+fn postgres_bin() -> PathBuf {
+    std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL (Debian package postgresql)")
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("bin"))
         .max()
-        .unwrap();
-    let a = Pg {
-        data: home.join("a"),
-        port: common::free_port(),
-        bin: bin.clone(),
-    };
-    let out = a
-        .as_postgres("initdb")
-        .args(["--no-sync", "-A", "trust", "-U", "postgres", "-D"])
-        .arg(&a.data)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "initdb: {out:?}");
+        .unwrap()
+}
+
+/// Writes `pgbackrest.conf` in `home`: repository 1 on fencegate's HTTPS
+/// port (trusting `pki`'s CA), stanza `main` on cluster `pg`.
+fn write_pgbackrest_conf(home: &Path, rig: &Rig, pki: &common::secure::Pki, pg: &Pg) {
     std::fs::write(
         home.join("pgbackrest.conf"),
         format!(
@@ -269,92 +281,49 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
              pg1-user=postgres\n",
             rig.fg.s3.port(),
             pki.path("ca.pem").display(),
-            a.data.display(),
-            a.port,
+            pg.data.display(),
+            pg.port,
             h = home.display(),
         ),
     )
     .unwrap();
+}
+
+/// A shell script that runs `then` with `$P` set to pgBackRest on cluster
+/// `pg`, its credentials taken from the ones `fencegate lock` gives.
+fn pgbackrest(home: &Path, pg: &Pg, then: &str) -> String {
     // pgBackRest reads its credentials from its own variables.
-    let pgbackrest = |pg: &Pg, then: &str| {
-        format!(
-            "export PGBACKREST_REPO1_S3_KEY=$AWS_ACCESS_KEY_ID \
-             PGBACKREST_REPO1_S3_KEY_SECRET=$AWS_SECRET_ACCESS_KEY \
-             PGBACKREST_REPO1_S3_TOKEN=$AWS_SESSION_TOKEN; \
-             P='pgbackrest --config={}/pgbackrest.conf --stanza=main --pg1-path={}'; {then}",
-            home.display(),
-            pg.data.display(),
-        )
-    };
-    let env: [(&str, String); 0] = [];
-    let scope = "demo/pgbr/";
-    a.start();
-    let (code, out) = rig.run("create", scope, &pgbackrest(&a, "$P stanza-create"), &env);
-    assert_eq!(code, 0, "{out}");
-    a.sql("create table t(x int); insert into t values (1); select pg_switch_wal()");
-    a.stop();
-    // B: a copy of A (one system id, one history so far), then each its own.
-    let b = Pg {
-        data: home.join("b"),
-        port: common::free_port(),
-        bin,
-    };
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(&a.data)
-        .arg(&b.data)
-        .status();
-    assert!(copied.unwrap().success());
-    a.start();
-    b.start();
-    for pg in [&a, &b] {
-        for _ in 0..3 {
-            pg.sql("insert into t select generate_series(1, 1000); select pg_switch_wal()");
-        }
-    }
-    let (first, theirs) = (3, [4, 5]);
-    assert_ne!(
-        std::fs::read(a.wal(4)).unwrap(),
-        std::fs::read(b.wal(4)).unwrap()
-    );
+    format!(
+        "export PGBACKREST_REPO1_S3_KEY=$AWS_ACCESS_KEY_ID \
+         PGBACKREST_REPO1_S3_KEY_SECRET=$AWS_SECRET_ACCESS_KEY \
+         PGBACKREST_REPO1_S3_TOKEN=$AWS_SESSION_TOKEN; \
+         P='pgbackrest --config={}/pgbackrest.conf --stanza=main --pg1-path={}'; {then}",
+        home.display(),
+        pg.data.display(),
+    )
+}
 
-    // A archives while it holds the lock, then is paused past it.
-    let push = |pg: &Pg, segs: &[u32]| {
-        let files: Vec<String> = segs
-            .iter()
-            .map(|s| pg.wal(*s).display().to_string())
-            .collect();
-        pgbackrest(
-            pg,
-            &format!(
-                "for f in {}; do $P archive-push $f || exit 1; done",
-                files.join(" ")
-            ),
-        )
-    };
-    let go = rig.path("a.go");
-    let a_job = rig.spawn(
-        "a",
-        scope,
+/// A pgBackRest script that archives `pg`'s WAL segments `segs` in turn,
+/// stopping at the first that fails.
+fn push(home: &Path, pg: &Pg, segs: &[u32]) -> String {
+    let files: Vec<String> = segs
+        .iter()
+        .map(|s| pg.wal(*s).display().to_string())
+        .collect();
+    pgbackrest(
+        home,
+        pg,
         &format!(
-            "{} && touch a.ready && while [ ! -e {} ]; do sleep 0.05; done; ({}); \
-             echo \"late push exit $?\" >> a.late",
-            push(&a, &[first]),
-            go.display(),
-            push(&a, &[6])
+            "for f in {}; do $P archive-push $f || exit 1; done",
+            files.join(" ")
         ),
-        &env,
-    );
-    let ready = common::poll_until(60, || rig.path("a.ready").exists());
-    assert!(ready, "A did not archive: {}", rig.output("a"));
-    rig.pause_past_its_lock(&a_job);
+    )
+}
 
-    // B, the new primary, archives its own segments.
-    let (code, out) = rig.run("b", scope, &push(&b, &theirs), &env);
-    assert_eq!(code, 0, "{out}");
-
-    // A wakes and archives a segment of its own history: refused.
-    std::fs::write(&go, "").unwrap();
+/// Lets paused job `a` (waiting on file `go`) push its late segment, and
+/// checks that push fails, refused 409 stale at its read of archive.info.
+fn a_late_push_is_refused(rig: &Rig, a_job: Job, go: &Path) {
+    std::fs::write(go, "").unwrap();
     a_job.resume_program();
     let late = common::poll_until(60, || rig.path("a.late").exists());
     assert!(late, "A's late push did not end: {}", rig.output("a"));
@@ -372,8 +341,11 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
         "A was not refused 409 on archive.info: {a_out}"
     );
     drop(a_job.finish());
+}
 
-    // The repository holds B's history: 4 and 5 are B's, 6 is not there.
+/// Checks the repository holds B's history: segments 4 and 5 are `b`'s,
+/// and 6 is not there.
+fn the_repository_holds_bs_history(rig: &Rig, home: &Path, b: &Pg) {
     let get = |seg: u32, to: &str| {
         format!(
             "$P archive-get 0000000100000000000000{seg:02X} {}/{to}",
@@ -386,7 +358,8 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
         get(5, "got5"),
         get(6, "got6")
     );
-    let (code, out) = rig.run("check", scope, &pgbackrest(&b, &check), &env);
+    let env: [(&str, String); 0] = [];
+    let (code, out) = rig.run("check", "demo/pgbr/", &pgbackrest(home, b, &check), &env);
     assert_eq!(code, 0, "{out}");
     assert_eq!(
         std::fs::read(home.join("got4")).unwrap(),
@@ -396,4 +369,76 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
         std::fs::read(home.join("got5")).unwrap(),
         std::fs::read(b.wal(5)).unwrap()
     );
+}
+
+/// pgBackRest after a failover gone wrong: two servers with one history
+/// up to a point (a copy of one data directory), then their own, archive
+/// WAL to one repository. A, the old primary, archived while it held the
+/// lock; B, promoted, holds it now and archives its own segments. A's
+/// later `archive-push` is refused, of a segment B has not archived yet
+/// too, and the repository holds B's history only. pgBackRest speaks S3
+/// over HTTPS only: fencegate serves HTTPS here.
+#[test]
+fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
+    let pki = common::secure::Pki::new();
+    let rig = Rig::start_with("pgbr/", Some(&pki));
+    let home = rig.dir.path();
+    chown_to_postgres(home);
+    let a = Pg {
+        data: home.join("a"),
+        port: common::free_port(),
+        bin: postgres_bin(),
+    };
+    a.initdb();
+    write_pgbackrest_conf(home, &rig, &pki, &a);
+    let env: [(&str, String); 0] = [];
+    let scope = "demo/pgbr/";
+    a.start();
+    let create = pgbackrest(home, &a, "$P stanza-create");
+    let (code, out) = rig.run("create", scope, &create, &env);
+    assert_eq!(code, 0, "{out}");
+    a.sql("create table t(x int); insert into t values (1); select pg_switch_wal()");
+    a.stop();
+    // B: a copy of A (one system id, one history so far), then each its own.
+    let b = a.copy_to(home.join("b"));
+    a.start();
+    b.start();
+    for pg in [&a, &b] {
+        for _ in 0..3 {
+            pg.sql("insert into t select generate_series(1, 1000); select pg_switch_wal()");
+        }
+    }
+    let (first, theirs) = (3, [4, 5]);
+    assert_ne!(
+        std::fs::read(a.wal(4)).unwrap(),
+        std::fs::read(b.wal(4)).unwrap()
+    );
+
+    // A archives while it holds the lock, then is paused past it.
+    let go = rig.path("a.go");
+    let a_job = rig.spawn(
+        "a",
+        scope,
+        &format!(
+            "{} && touch a.ready && while [ ! -e {} ]; do sleep 0.05; done; ({}); \
+             echo \"late push exit $?\" >> a.late",
+            push(home, &a, &[first]),
+            go.display(),
+            push(home, &a, &[6])
+        ),
+        &env,
+    );
+    let ready = common::poll_until(60, || rig.path("a.ready").exists());
+    assert!(ready, "A did not archive: {}", rig.output("a"));
+    rig.pause_past_its_lock(&a_job);
+
+    // B, the new primary, archives its own segments.
+    let (code, out) = rig.run("b", scope, &push(home, &b, &theirs), &env);
+    assert_eq!(code, 0, "{out}");
+
+    // A wakes and archives a segment of its own history: refused.
+    a_late_push_is_refused(&rig, a_job, &go);
+
+    // The repository holds B's history: 4 and 5 are B's, 6 is not there.
+    the_repository_holds_bs_history(&rig, home, &b);
 }

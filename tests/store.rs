@@ -139,6 +139,103 @@ async fn v2(c: &Client, prefix: &str, delimiter: Option<&str>) -> (Vec<String>, 
     (keys, prefixes)
 }
 
+/// Every key and common prefix of ListObjectsV2 with delimiter `/`, read
+/// in pages of two by continuation token.
+async fn v2_pages_of_two(c: &Client) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut token = None;
+    loop {
+        let r = c
+            .list_objects_v2()
+            .bucket("bkt")
+            .delimiter("/")
+            .max_keys(2)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .unwrap();
+        seen.extend(
+            r.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_string)),
+        );
+        seen.extend(
+            r.common_prefixes()
+                .iter()
+                .filter_map(|p| p.prefix().map(str::to_string)),
+        );
+        token = r.next_continuation_token().map(str::to_string);
+        if !r.is_truncated().unwrap_or(false) {
+            break;
+        }
+    }
+    seen
+}
+
+/// ListObjectsV2's start-after, ListObjects' (v1) marker and
+/// `encoding-type=url` each give what S3 gives.
+async fn start_after_marker_and_url_encoding(c: &Client) {
+    // start-after, and v1's marker.
+    let after = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .start_after("b")
+        .send()
+        .await
+        .unwrap();
+    let first = after.contents().first().and_then(|o| o.key());
+    assert_eq!(first, Some("x y"));
+    let v1 = c
+        .list_objects()
+        .bucket("bkt")
+        .marker("z/")
+        .send()
+        .await
+        .unwrap();
+    let keys: Vec<&str> = v1.contents().iter().filter_map(|o| o.key()).collect();
+    assert_eq!(keys, ["é", "😀"]);
+    // encoding-type=url: keys percent-encoded (the Rust SDK leaves them so).
+    let url = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .prefix("x")
+        .encoding_type(aws_sdk_s3::types::EncodingType::Url)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(url.contents()[0].key(), Some("x%20y"));
+}
+
+/// ListObjectVersions under `a/`: one version per key, `null`, the latest.
+async fn versions_are_null_and_latest(c: &Client) {
+    let versions = c
+        .list_object_versions()
+        .bucket("bkt")
+        .prefix("a/")
+        .send()
+        .await
+        .unwrap();
+    let v: Vec<(&str, &str, bool)> = versions
+        .versions()
+        .iter()
+        .map(|v| {
+            (
+                v.key().unwrap(),
+                v.version_id().unwrap(),
+                v.is_latest().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        v,
+        [
+            ("a/b", "null", true),
+            ("a/c/d", "null", true),
+            ("a/c/e", "null", true)
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn listings_as_s3_gives_them() {
     let (_dir, c) = store().await;
@@ -176,96 +273,18 @@ async fn listings_as_s3_gives_them() {
     );
     // Pages of two, by continuation token, with a delimiter: each key or
     // common prefix once.
-    let mut seen = Vec::new();
-    let mut token = None;
-    loop {
-        let r = c
-            .list_objects_v2()
-            .bucket("bkt")
-            .delimiter("/")
-            .max_keys(2)
-            .set_continuation_token(token)
-            .send()
-            .await
-            .unwrap();
-        seen.extend(
-            r.contents()
-                .iter()
-                .filter_map(|o| o.key().map(str::to_string)),
-        );
-        seen.extend(
-            r.common_prefixes()
-                .iter()
-                .filter_map(|p| p.prefix().map(str::to_string)),
-        );
-        token = r.next_continuation_token().map(str::to_string);
-        if !r.is_truncated().unwrap_or(false) {
-            break;
-        }
-    }
+    let mut seen = v2_pages_of_two(&c).await;
     seen.sort();
     assert_eq!(seen, s(&["Z", "a", "a/", "b", "x y", "z/", "é", "😀"]));
-    // start-after, and v1's marker.
-    let after = c
-        .list_objects_v2()
-        .bucket("bkt")
-        .start_after("b")
-        .send()
-        .await
-        .unwrap();
-    let first = after.contents().first().and_then(|o| o.key());
-    assert_eq!(first, Some("x y"));
-    let v1 = c
-        .list_objects()
-        .bucket("bkt")
-        .marker("z/")
-        .send()
-        .await
-        .unwrap();
-    let keys: Vec<&str> = v1.contents().iter().filter_map(|o| o.key()).collect();
-    assert_eq!(keys, ["é", "😀"]);
-    // encoding-type=url: keys percent-encoded (the Rust SDK leaves them so).
-    let url = c
-        .list_objects_v2()
-        .bucket("bkt")
-        .prefix("x")
-        .encoding_type(aws_sdk_s3::types::EncodingType::Url)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(url.contents()[0].key(), Some("x%20y"));
+    // start-after, v1's marker, encoding-type=url.
+    start_after_marker_and_url_encoding(&c).await;
     // ListObjectVersions: one version per key, `null`, the latest.
-    let versions = c
-        .list_object_versions()
-        .bucket("bkt")
-        .prefix("a/")
-        .send()
-        .await
-        .unwrap();
-    let v: Vec<(&str, &str, bool)> = versions
-        .versions()
-        .iter()
-        .map(|v| {
-            (
-                v.key().unwrap(),
-                v.version_id().unwrap(),
-                v.is_latest().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        v,
-        [
-            ("a/b", "null", true),
-            ("a/c/d", "null", true),
-            ("a/c/e", "null", true)
-        ]
-    );
+    versions_are_null_and_latest(&c).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn uploads_and_parts_are_listed() {
-    let (_dir, c) = store().await;
+/// Starts uploads of `u/1`, `u/2` and `v` in bucket `bkt`, and uploads
+/// parts 1 to 3 of `v`'s; the three upload ids.
+async fn start_uploads(c: &Client) -> Vec<String> {
     let mut ids = Vec::new();
     for k in ["u/1", "u/2", "v"] {
         let up = c
@@ -288,25 +307,16 @@ async fn uploads_and_parts_are_listed() {
             .await
             .unwrap();
     }
-    let ups = c
-        .list_multipart_uploads()
-        .bucket("bkt")
-        .delimiter("/")
-        .send()
-        .await
-        .unwrap();
-    let keys: Vec<&str> = ups.uploads().iter().filter_map(|u| u.key()).collect();
-    let prefixes: Vec<&str> = ups
-        .common_prefixes()
-        .iter()
-        .filter_map(|p| p.prefix())
-        .collect();
-    assert_eq!((keys, prefixes), (vec!["v"], vec!["u/"]));
+    ids
+}
+
+/// ListParts of upload `id` of `v` in pages of two: parts 1 and 2, then 3.
+async fn parts_are_listed_by_page(c: &Client, id: &str) {
     let page = c
         .list_parts()
         .bucket("bkt")
         .key("v")
-        .upload_id(&ids[2])
+        .upload_id(id)
         .max_parts(2)
         .send()
         .await
@@ -321,7 +331,7 @@ async fn uploads_and_parts_are_listed() {
         .list_parts()
         .bucket("bkt")
         .key("v")
-        .upload_id(&ids[2])
+        .upload_id(id)
         .part_number_marker(page.next_part_number_marker().unwrap())
         .send()
         .await
@@ -332,13 +342,17 @@ async fn uploads_and_parts_are_listed() {
         .filter_map(|p| p.part_number())
         .collect();
     assert_eq!(numbers, [3]);
-    // A part copied by range, then the upload completed.
-    put(&c, "src", "0123456789").await;
+}
+
+/// Uploads part 4 of upload `id` of `v` as bytes 2 to 5 of a copied
+/// object, and completes the upload with that part alone.
+async fn complete_with_a_part_copied_by_range(c: &Client, id: &str) {
+    put(c, "src", "0123456789").await;
     let copied = c
         .upload_part_copy()
         .bucket("bkt")
         .key("v")
-        .upload_id(&ids[2])
+        .upload_id(id)
         .part_number(4)
         .copy_source("bkt/src")
         .copy_source_range("bytes=2-5")
@@ -357,11 +371,34 @@ async fn uploads_and_parts_are_listed() {
     c.complete_multipart_upload()
         .bucket("bkt")
         .key("v")
-        .upload_id(&ids[2])
+        .upload_id(id)
         .multipart_upload(done)
         .send()
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uploads_and_parts_are_listed() {
+    let (_dir, c) = store().await;
+    let ids = start_uploads(&c).await;
+    let ups = c
+        .list_multipart_uploads()
+        .bucket("bkt")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap();
+    let keys: Vec<&str> = ups.uploads().iter().filter_map(|u| u.key()).collect();
+    let prefixes: Vec<&str> = ups
+        .common_prefixes()
+        .iter()
+        .filter_map(|p| p.prefix())
+        .collect();
+    assert_eq!((keys, prefixes), (vec!["v"], vec!["u/"]));
+    parts_are_listed_by_page(&c, &ids[2]).await;
+    // A part copied by range, then the upload completed.
+    complete_with_a_part_copied_by_range(&c, &ids[2]).await;
     assert_eq!(body_of(&c, "v").await.as_deref(), Some("2345"));
     let ups = c
         .list_multipart_uploads()

@@ -60,6 +60,22 @@ pub fn check(
         });
     }
 
+    let (landed, in_final) = check_final_logs(finals, &writes, seen, res, &mut out);
+    check_outcomes(&writes, &in_final, &landed, &mut out);
+    check_stale_writes(ops, &writes, &landed, &mut out);
+    out
+}
+
+/// Checks each final log (`corrupt`, `duplicate`, `unknown-entry`,
+/// `token-order`) and gives what landed (every final entry, every entry
+/// in `seen`) and each key's final entries.
+fn check_final_logs<'a>(
+    finals: &'a BTreeMap<String, Result<Vec<Entry>, String>>,
+    writes: &HashMap<u64, &Op>,
+    seen: &HashSet<u64>,
+    res: impl Fn(&str) -> String,
+    out: &mut Vec<Violation>,
+) -> (HashSet<u64>, HashMap<&'a str, HashSet<u64>>) {
     // What landed: every final entry, every entry a read saw.
     let mut landed: HashSet<u64> = seen.clone();
     let mut in_final: HashMap<&str, HashSet<u64>> = HashMap::new();
@@ -109,7 +125,18 @@ pub fn check(
             prev = Some(e);
         }
     }
+    (landed, in_final)
+}
 
+/// Checks each write against its answer: an acknowledged one missing
+/// from its final log (`lost-update`), a refused one that landed
+/// (`refused-landed`).
+fn check_outcomes(
+    writes: &HashMap<u64, &Op>,
+    in_final: &HashMap<&str, HashSet<u64>>,
+    landed: &HashSet<u64>,
+    out: &mut Vec<Violation>,
+) {
     for w in writes.values() {
         match &w.outcome {
             Outcome::Ok => {
@@ -138,7 +165,16 @@ pub fn check(
             _ => {}
         }
     }
+}
 
+/// Checks each write that landed against the highest token acknowledged
+/// on its resource before it was sent (`stale-write`).
+fn check_stale_writes(
+    ops: &[Op],
+    writes: &HashMap<u64, &Op>,
+    landed: &HashSet<u64>,
+    out: &mut Vec<Violation>,
+) {
     // Per resource: acknowledged requests by answer time, with the running
     // highest token, to find the highest acknowledged before a write began.
     let mut acked: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
@@ -174,7 +210,6 @@ pub fn check(
             });
         }
     }
-    out
 }
 
 /// `kind=count` pairs, for the report.
