@@ -97,7 +97,7 @@ pub const CLUSTER_FORWARD_SENDS: &str = "fencegate_cluster_forward_sends";
 /// own, folded into the recorder when it renders.
 pub mod handles {
     use crate::per_thread::PerThread;
-    use metrics::{Counter, Histogram};
+    use metrics::Histogram;
     use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
     use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -109,8 +109,6 @@ pub mod handles {
             }
         };
     }
-    handle!(bytes_in_total, Counter, counter, super::BYTES_IN);
-    handle!(bytes_out_total, Counter, counter, super::BYTES_OUT);
     handle!(
         upstream_latency,
         Histogram,
@@ -192,23 +190,23 @@ pub mod handles {
     /// sample: a write admitted on a piece already read and finished on
     /// one not yet read counts -1 in this sum, so it is kept at 0 or more.
     pub fn fold() {
-        let mut inflight = 0;
+        let (mut bytes_in, mut bytes_out, mut inflight) = (0, 0, 0);
         let mut counted = Vec::new();
         for tally in tallies().all() {
-            let bytes = tally.bytes_in.swap(0, Relaxed);
-            if bytes > 0 {
-                bytes_in_total().increment(bytes);
-            }
-            let bytes = tally.bytes_out.swap(0, Relaxed);
-            if bytes > 0 {
-                bytes_out_total().increment(bytes);
-            }
+            bytes_in += tally.bytes_in.swap(0, Relaxed);
+            bytes_out += tally.bytes_out.swap(0, Relaxed);
             inflight += tally.inflight_writes.load(Relaxed);
             // Taken under the lock, handed over after it.
             let mut requests = lock_requests(tally);
             for (op, outcome, n) in requests.iter_mut().filter(|r| r.2 > 0) {
                 counted.push((*op, *outcome, std::mem::take(n)));
             }
+        }
+        if bytes_in > 0 {
+            metrics::counter!(super::BYTES_IN).increment(bytes_in);
+        }
+        if bytes_out > 0 {
+            metrics::counter!(super::BYTES_OUT).increment(bytes_out);
         }
         for (op, outcome, n) in counted {
             let labels = [("op", op), ("outcome", outcome)];

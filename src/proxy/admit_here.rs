@@ -104,10 +104,9 @@ impl Proxy {
             return Ok(none);
         };
         ctx.resource = Some(resource.clone());
-        let token = match (token, kind) {
-            (Some(t), _) => t,
-            (None, Kind::Read) => return Ok(none),
-            (None, _) => return Err(S3Error::MissingFencingToken(resource)),
+        // A token-less read returned above: a write without one is refused.
+        let Some(token) = token else {
+            return Err(S3Error::MissingFencingToken(resource));
         };
         // Forwarded to a tenure that no longer stands here (a lease not
         // fresh, a resource let go): `Moved` at once, nothing done, rather
