@@ -218,7 +218,7 @@ impl Proxy {
             false => Vec::new(),
         };
         let spec = ChunkedSpec {
-            signing: verified.signing.clone(),
+            signing: verified.signing.as_deref().cloned(),
             trailers: trailers.clone(),
             has_trailer,
             decoded_len,

@@ -24,7 +24,7 @@
 use super::error::S3Error;
 use super::op::Op;
 use http::HeaderMap;
-use http::header::{IF_MATCH, IF_NONE_MATCH};
+use http::header::{AsHeaderName, IF_MATCH, IF_NONE_MATCH};
 
 pub const X_AMZ_IF_MATCH_LAST_MODIFIED_TIME: &str = "x-amz-if-match-last-modified-time";
 pub const X_AMZ_IF_MATCH_SIZE: &str = "x-amz-if-match-size";
@@ -87,7 +87,12 @@ pub fn bare_etag(s: &str) -> &str {
         .unwrap_or(s)
 }
 
-fn one_header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, S3Error> {
+/// A header given at most once, as text. `name` is a `&HeaderName` where
+/// one is defined (looked up without parsing and hashing its letters).
+fn one_header<'h, N>(headers: &'h HeaderMap, name: N) -> Result<Option<&'h str>, S3Error>
+where
+    N: AsHeaderName + Copy + std::fmt::Display,
+{
     let mut all = headers.get_all(name).iter();
     let Some(v) = all.next() else {
         return Ok(None);
@@ -135,7 +140,7 @@ impl Conditions {
             ))
         };
         let mut c = Conditions::default();
-        if let Some(v) = one_header(headers, IF_MATCH.as_str())? {
+        if let Some(v) = one_header(headers, &IF_MATCH)? {
             let tag = bare_etag(v);
             if tag.is_empty() {
                 return Err(S3Error::InvalidArgument("If-Match is empty".into()));
@@ -147,7 +152,7 @@ impl Conditions {
             }
             c.if_match = Some(tag.to_string());
         }
-        if let Some(v) = one_header(headers, IF_NONE_MATCH.as_str())? {
+        if let Some(v) = one_header(headers, &IF_NONE_MATCH)? {
             if deletes {
                 return Err(not_implemented("If-None-Match on DeleteObject".into()));
             }

@@ -84,9 +84,12 @@ impl Pool {
     /// on a new one; resolves with the answer's head.
     pub async fn send(&self, mut req: Request<UpstreamBody>) -> Result<Response<Incoming>, Error> {
         loop {
+            // A new connection is rare (they are kept): its future, over
+            // a KB, is boxed, so that every request's future (moved at
+            // each await above it) does not carry its size.
             let (mut sender, reused) = match self.checkout() {
                 Some(s) => (s, true),
-                None => (self.connect().await?, false),
+                None => (Box::pin(self.connect()).await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
@@ -113,7 +116,7 @@ impl Pool {
     ) -> Result<Response<Incoming>, (Error, bool)> {
         let mut sender = match self.checkout() {
             Some(s) => s,
-            None => self.connect().await.map_err(|e| (e, false))?,
+            None => Box::pin(self.connect()).await.map_err(|e| (e, false))?,
         };
         match sender.try_send_request(build()).await {
             Ok(resp) => {
