@@ -89,7 +89,7 @@ pub fn bare_etag(s: &str) -> &str {
 
 /// A header given at most once, as text. `name` is a `&HeaderName` where
 /// one is defined (looked up without parsing and hashing its letters).
-fn one_header<'h, N>(headers: &'h HeaderMap, name: N) -> Result<Option<&'h str>, S3Error>
+fn one_header<N>(headers: &HeaderMap, name: N) -> Result<Option<&str>, S3Error>
 where
     N: AsHeaderName + Copy + std::fmt::Display,
 {
