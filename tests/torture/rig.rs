@@ -189,6 +189,21 @@ impl Faults {
 /// The order of a run's first faults (0 a kill, 1 a pause, 2 a cut).
 const FIRST: [u32; 3] = [1, 0, 2];
 
+/// The kind of the next fault: each kind once before any is drawn (a
+/// pause, a kill -9, a cut), then the one `drawn` (0..3) picks. A short
+/// run's schedule then always holds a pause and a kill, which are what
+/// make the control arm's replicas collide; a seed that drew only
+/// partitions left the control arm's violations to the writers' timing,
+/// and a loaded machine could find none.
+fn next_fault(faults: Faults, done: &Chaos, drawn: usize) -> u32 {
+    let kinds = faults.kinds();
+    let n = (done.kills + done.pauses + done.partitions) as usize;
+    (FIRST.iter().filter(|k| kinds.contains(k)))
+        .nth(n)
+        .copied()
+        .unwrap_or(kinds[drawn % kinds.len()])
+}
+
 /// Every `every_ms`, one fault on a random replica of every arm, the same
 /// choice in each: a `kill -9` (started again), a pause of 0.5-3 s, or a
 /// partition of 3-8 s from etcd, from its peers, or from both, for the
@@ -212,18 +227,8 @@ pub async fn chaos(
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return done,
         }
-        let kinds = faults.kinds();
-        let drawn = kinds[rng.random_range(0..3usize) % kinds.len()];
-        // Each kind once before any is drawn: a pause, a kill -9, a cut.
-        // A short run's schedule then always holds a pause and a kill,
-        // which are what make the control arm's replicas collide; a seed
-        // that drew only partitions left the control arm's violations to
-        // the writers' timing, and a loaded machine could find none.
-        let n = (done.kills + done.pauses + done.partitions) as usize;
-        let fault = (FIRST.iter().filter(|k| kinds.contains(k)))
-            .nth(n)
-            .copied()
-            .unwrap_or(drawn);
+        let drawn = rng.random_range(0..3usize);
+        let fault = next_fault(faults, &done, drawn);
         let pick = rng.random_range(0..REPLICAS);
         // An arm of fewer replicas (the single node) takes the same fault.
         let of = |r: &Replicas| pick % r.fgs.len();
