@@ -16,6 +16,11 @@ fn with_admin_token() -> String {
     format!("admin_token = \"{ADMIN_TOKEN}\"\n")
 }
 
+/// The admin API's URL for one (percent-encoded) resource's fence.
+fn fence_url(fg: &Fencegate, r: &str) -> String {
+    format!("http://{}/fences/{r}", fg.admin)
+}
+
 #[tokio::test]
 async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
     let be = TestBackend::start().await;
@@ -28,13 +33,26 @@ async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
             .status,
         200
     );
-    let url = |fg: &Fencegate, r: &str| format!("http://{}/fences/{r}", fg.admin);
+    raise_needs_the_admin_token_and_never_lowers(&fg, &raw).await;
+    lookup_and_listing_show_the_fences(&fg, &raw).await;
+    the_raise_survives_kill9(&mut fg).await;
+    the_cli_raises_and_reads_fences(&fg);
+}
 
-    let (s, _) = http_call("POST", &url(&fg, "demo%2Fk"), None, Some(r#"{"token":50}"#)).await;
+/// Raises demo/k to 50 by hand: refused without the admin token, revokes a
+/// lower holder, never lowers, and refuses a negative token.
+async fn raise_needs_the_admin_token_and_never_lowers(fg: &Fencegate, raw: &RawClient) {
+    let (s, _) = http_call(
+        "POST",
+        &fence_url(fg, "demo%2Fk"),
+        None,
+        Some(r#"{"token":50}"#),
+    )
+    .await;
     assert_eq!(s, 401);
     let (s, _) = http_call(
         "POST",
-        &url(&fg, "demo%2Fk"),
+        &fence_url(fg, "demo%2Fk"),
         Some("wrong-token-wrong-token"),
         Some(r#"{"token":50}"#),
     )
@@ -42,7 +60,7 @@ async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
     assert_eq!(s, 401);
     let (s, body) = http_call(
         "POST",
-        &url(&fg, "demo%2Fk"),
+        &fence_url(fg, "demo%2Fk"),
         Some(ADMIN_TOKEN),
         Some(r#"{"token":50}"#),
     )
@@ -57,7 +75,7 @@ async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
     // Never lowers.
     let (s, body) = http_call(
         "POST",
-        &url(&fg, "demo%2Fk"),
+        &fence_url(fg, "demo%2Fk"),
         Some(ADMIN_TOKEN),
         Some(r#"{"token":40}"#),
     )
@@ -69,15 +87,17 @@ async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
     );
     let (s, _) = http_call(
         "POST",
-        &url(&fg, "demo%2Fk"),
+        &fence_url(fg, "demo%2Fk"),
         Some(ADMIN_TOKEN),
         Some(r#"{"token":-1}"#),
     )
     .await;
     assert_eq!(s, 400);
+}
 
-    // Listing and lookup.
-    let (s, body) = http_call("GET", &url(&fg, "demo%2Fk"), None, None).await;
+/// Looks demo/k's fence up, then lists three fences under demo/p/ in pages.
+async fn lookup_and_listing_show_the_fences(fg: &Fencegate, raw: &RawClient) {
+    let (s, body) = http_call("GET", &fence_url(fg, "demo%2Fk"), None, None).await;
     assert_eq!(s, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
@@ -110,8 +130,10 @@ async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["fences"][0]["resource"], "demo/p/c");
     assert_eq!(v["fences"].as_array().unwrap().len(), 1);
+}
 
-    // The raise survives kill -9.
+/// Kills fencegate with -9, restarts it, and checks demo/k is still at 50.
+async fn the_raise_survives_kill9(fg: &mut Fencegate) {
     fg.kill9_and_restart();
     let raw = RawClient::new(&fg.endpoint());
     let r = raw
@@ -119,10 +141,13 @@ async fn raise_by_hand_revokes_lower_holders_and_is_durable() {
         .await
         .unwrap();
     assert_eq!(r.status, 409);
-    let (_, body) = http_call("GET", &url(&fg, "demo%2Fk"), None, None).await;
+    let (_, body) = http_call("GET", &fence_url(fg, "demo%2Fk"), None, None).await;
     assert!(body.contains("\"highest\":50"), "{body}");
+}
 
-    // The same from the shell.
+/// Does the same from the shell with `fencegate fences`: raise, refuse a
+/// lower raise or one without a token, get and list.
+fn the_cli_raises_and_reads_fences(fg: &Fencegate) {
     let admin = format!("http://{}", fg.admin);
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))

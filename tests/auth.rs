@@ -67,21 +67,7 @@ async fn bad_signatures_get_403_and_reach_nothing() {
     unsigned_amz.after_signing = vec![("x-amz-meta-sneaky".into(), "1".into())];
     assert_eq!(raw.send(unsigned_amz).await.unwrap().status, 403);
 
-    // A credential limited to bucket "shared" cannot touch "demo".
-    let mut limited = RawRequest::put("/demo/a", "x").token(1);
-    limited.key = LIMITED_KEY.into();
-    limited.secret = LIMITED_SECRET.into();
-    let r = raw.send(limited).await.unwrap();
-    assert_eq!((r.status, r.code()), (403, Some("AccessDenied")));
-    let mut limited_admin = RawRequest::new(http::Method::PUT, "/shared");
-    limited_admin.key = LIMITED_KEY.into();
-    limited_admin.secret = LIMITED_SECRET.into();
-    let r = raw.send(limited_admin).await.unwrap();
-    assert_eq!(
-        (r.status, r.code()),
-        (403, Some("AccessDenied")),
-        "not a bucket admin"
-    );
+    limited_credential_is_denied(&raw).await;
 
     let mut garbled = RawRequest::new(http::Method::GET, "/demo/a");
     garbled.after_signing = vec![("authorization".into(), "Basic eDp5".into())];
@@ -100,6 +86,25 @@ async fn bad_signatures_get_403_and_reach_nothing() {
             .unwrap()
             .status,
         200
+    );
+}
+
+/// A credential limited to bucket "shared" cannot touch "demo", nor create
+/// a bucket (it is no bucket admin).
+async fn limited_credential_is_denied(raw: &RawClient) {
+    let mut limited = RawRequest::put("/demo/a", "x").token(1);
+    limited.key = LIMITED_KEY.into();
+    limited.secret = LIMITED_SECRET.into();
+    let r = raw.send(limited).await.unwrap();
+    assert_eq!((r.status, r.code()), (403, Some("AccessDenied")));
+    let mut limited_admin = RawRequest::new(http::Method::PUT, "/shared");
+    limited_admin.key = LIMITED_KEY.into();
+    limited_admin.secret = LIMITED_SECRET.into();
+    let r = raw.send(limited_admin).await.unwrap();
+    assert_eq!(
+        (r.status, r.code()),
+        (403, Some("AccessDenied")),
+        "not a bucket admin"
     );
 }
 
@@ -147,7 +152,38 @@ async fn damaged_bodies_are_refused_and_nothing_lands() {
     let fg = Fencegate::start(be.as_fencegate_backend(), "");
     let raw = RawClient::new(&fg.endpoint());
     let data = vec![b'z'; 300_000];
-    let cases = [
+    for (name, form, damage) in damaged_uploads() {
+        let key = format!("demo/{name}");
+        let mut req = RawRequest::new(http::Method::PUT, &format!("/{key}")).token(1);
+        req.form = form;
+        req.body = Some(Source::bytes(data.clone()));
+        req.damage = damage;
+        match raw.send(req).await {
+            Ok(r) => assert!(
+                (400..500).contains(&r.status),
+                "{name}: {} {}",
+                r.status,
+                r.body
+            ),
+            Err(e) => assert!(damage.cut_at.is_some(), "{name}: {e}"),
+        }
+        // The proxy may still be tearing the upstream request down.
+        be.wait_for(&format!("{name} ended upstream"), |ev| {
+            !saw_key(ev, &key)
+                || ev
+                    .iter()
+                    .any(|e| matches!(e, Event::BodyAborted { key: k, .. } if *k == key))
+        })
+        .await;
+        assert!(!landed(&be, &key), "{name} landed: {:?}", be.events());
+        assert!(be.object("demo", name).is_none());
+    }
+}
+
+/// The damaged uploads: a name, the payload form, and where the body is
+/// flipped or cut.
+fn damaged_uploads() -> [(&'static str, Form, Damage); 7] {
+    [
         (
             "flip-chunked",
             Form::Chunked { trailer: false },
@@ -206,33 +242,7 @@ async fn damaged_bodies_are_refused_and_nothing_lands() {
                 cut_at: Some(100_000),
             },
         ),
-    ];
-    for (name, form, damage) in cases {
-        let key = format!("demo/{name}");
-        let mut req = RawRequest::new(http::Method::PUT, &format!("/{key}")).token(1);
-        req.form = form;
-        req.body = Some(Source::bytes(data.clone()));
-        req.damage = damage;
-        match raw.send(req).await {
-            Ok(r) => assert!(
-                (400..500).contains(&r.status),
-                "{name}: {} {}",
-                r.status,
-                r.body
-            ),
-            Err(e) => assert!(damage.cut_at.is_some(), "{name}: {e}"),
-        }
-        // The proxy may still be tearing the upstream request down.
-        be.wait_for(&format!("{name} ended upstream"), |ev| {
-            !saw_key(ev, &key)
-                || ev
-                    .iter()
-                    .any(|e| matches!(e, Event::BodyAborted { key: k, .. } if *k == key))
-        })
-        .await;
-        assert!(!landed(&be, &key), "{name} landed: {:?}", be.events());
-        assert!(be.object("demo", name).is_none());
-    }
+    ]
 }
 
 async fn sdk_uploads_with_checksums_work(store: common::Store) {
@@ -240,12 +250,47 @@ async fn sdk_uploads_with_checksums_work(store: common::Store) {
     let c = common::sdk(&run.fg.endpoint());
     common::ensure_bucket(&c, "demo").await;
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    in_memory_upload_round_trips(&c, &body).await;
+    // Over plain HTTP the SDK signs an in-memory payload and sends its CRC32
+    // as a header; for a streamed file with payload signing off (its HTTPS
+    // default) it sends aws-chunked with a CRC32 trailer, which fencegate
+    // re-encodes and s3s-fs verifies.
+    let file = run.fg.dir.path().join("upload.bin");
+    std::fs::write(&file, &body).unwrap();
+    unsigned_file_upload_keeps_its_trailer_checksum(&c, &file, &body).await;
+    // The plain default for a file body, too.
+    c.put_object()
+        .bucket("demo")
+        .key("sdk-file")
+        .metadata("fencing-token", "3")
+        .body(ByteStream::from_path(&file).await.unwrap())
+        .send()
+        .await
+        .unwrap();
+    the_logs_name_each_payload_form(&run.fg.logs());
+    let stale = c
+        .put_object()
+        .bucket("demo")
+        .key("sdk")
+        .metadata("fencing-token", "2")
+        .body(ByteStream::from(b"x".to_vec()))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        aws_sdk_s3::error::ProvideErrorMetadata::code(&stale),
+        Some("StaleFencingToken")
+    );
+}
+
+/// Uploads `body` from memory as "sdk" (token 3) and reads it back whole.
+async fn in_memory_upload_round_trips(c: &aws_sdk_s3::Client, body: &[u8]) {
     let out = c
         .put_object()
         .bucket("demo")
         .key("sdk")
         .metadata("fencing-token", "3")
-        .body(ByteStream::from(body.clone()))
+        .body(ByteStream::from(body.to_vec()))
         .send()
         .await
         .unwrap();
@@ -261,17 +306,20 @@ async fn sdk_uploads_with_checksums_work(store: common::Store) {
         got.body.collect().await.unwrap().into_bytes().to_vec(),
         body
     );
-    // Over plain HTTP the SDK signs an in-memory payload and sends its CRC32
-    // as a header; for a streamed file with payload signing off (its HTTPS
-    // default) it sends aws-chunked with a CRC32 trailer, which fencegate
-    // re-encodes and s3s-fs verifies.
-    let file = run.fg.dir.path().join("upload.bin");
-    std::fs::write(&file, &body).unwrap();
+}
+
+/// Uploads `file` as "sdk-trailer" with payload signing off, then reads it
+/// back with its stored CRC32 checksum.
+async fn unsigned_file_upload_keeps_its_trailer_checksum(
+    c: &aws_sdk_s3::Client,
+    file: &std::path::Path,
+    body: &[u8],
+) {
     c.put_object()
         .bucket("demo")
         .key("sdk-trailer")
         .metadata("fencing-token", "3")
-        .body(ByteStream::from_path(&file).await.unwrap())
+        .body(ByteStream::from_path(file).await.unwrap())
         .customize()
         .disable_payload_signing()
         .send()
@@ -293,16 +341,11 @@ async fn sdk_uploads_with_checksums_work(store: common::Store) {
         got.body.collect().await.unwrap().into_bytes().to_vec(),
         body
     );
-    // The plain default for a file body, too.
-    c.put_object()
-        .bucket("demo")
-        .key("sdk-file")
-        .metadata("fencing-token", "3")
-        .body(ByteStream::from_path(&file).await.unwrap())
-        .send()
-        .await
-        .unwrap();
-    let logs = run.fg.logs();
+}
+
+/// The request log names each upload's payload form: sha256 in memory,
+/// chunked with a trailer for the unsigned file.
+fn the_logs_name_each_payload_form(logs: &str) {
     let form_of = |key: &str| {
         logs.lines()
             .find(|l| l.contains("op=\"PutObject\"") && l.contains(&format!("key=\"{key}\"")))
@@ -321,19 +364,6 @@ async fn sdk_uploads_with_checksums_work(store: common::Store) {
         "SDK forms: in-memory {}, file {}, file unsigned {streamed}",
         form_of("sdk"),
         form_of("sdk-file")
-    );
-    let stale = c
-        .put_object()
-        .bucket("demo")
-        .key("sdk")
-        .metadata("fencing-token", "2")
-        .body(ByteStream::from(b"x".to_vec()))
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(
-        aws_sdk_s3::error::ProvideErrorMetadata::code(&stale),
-        Some("StaleFencingToken")
     );
 }
 

@@ -40,18 +40,7 @@ async fn a_single_node_moves_into_the_cluster_and_back_without_losing_a_fence() 
     }
     // A tool config naming the cluster (the same file the replicas use).
     let dir = tempfile::tempdir().unwrap();
-    let cluster_cfg = dir.path().join("cluster.toml");
-    let Backend::S3 { endpoint, .. } = &backend else {
-        unreachable!()
-    };
-    std::fs::write(
-        &cluster_cfg,
-        format!(
-            "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\n\n{}",
-            cluster_toml(&etcd.endpoints_toml(), "", TTL_MS)
-        ),
-    )
-    .unwrap();
+    let cluster_cfg = cluster_config(dir.path(), &backend, &etcd);
 
     // 1. While the node serves: export through its admin API, import.
     let first = dir.path().join("first.jsonl");
@@ -100,8 +89,40 @@ async fn a_single_node_moves_into_the_cluster_and_back_without_losing_a_fence() 
     );
 
     // And back: from etcd into a single node's store.
-    let back = dir.path().join("back.jsonl");
-    std::fs::write(&back, fences(&cluster_cfg, &["export"])).unwrap();
+    back_into_a_single_node(dir.path(), &cluster_cfg, &backend).await;
+}
+
+/// Writes `dir/cluster.toml`, a tool config naming the cluster on `etcd`
+/// in front of `backend`.
+fn cluster_config(
+    dir: &std::path::Path,
+    backend: &Backend,
+    etcd: &EtcdCluster,
+) -> std::path::PathBuf {
+    let cluster_cfg = dir.join("cluster.toml");
+    let Backend::S3 { endpoint, .. } = backend else {
+        unreachable!()
+    };
+    std::fs::write(
+        &cluster_cfg,
+        format!(
+            "[backend]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\n\n{}",
+            cluster_toml(&etcd.endpoints_toml(), "", TTL_MS)
+        ),
+    )
+    .unwrap();
+    cluster_cfg
+}
+
+/// Exports the cluster's fences into a fresh single node's store and
+/// checks the node then refuses k's token 12.
+async fn back_into_a_single_node(
+    dir: &std::path::Path,
+    cluster_cfg: &std::path::Path,
+    backend: &Backend,
+) {
+    let back = dir.join("back.jsonl");
+    std::fs::write(&back, fences(cluster_cfg, &["export"])).unwrap();
     let mut single = Fencegate::start(backend.clone(), "");
     single.terminate();
     fences(single.config_path(), &["import", back.to_str().unwrap()]);

@@ -138,6 +138,41 @@ fn arm(
     })
 }
 
+/// A run's two arms, each `(name, prefix, client)`: the first seeded with
+/// `seed`, the second (the control) with `seed ^ 1`.
+fn two_arms(
+    first: (&str, &str, aws_sdk_s3::Client),
+    second: (&str, &str, aws_sdk_s3::Client),
+    etcd: &Etcd,
+    writers: u32,
+    faults: WriterFaults,
+    seed: u64,
+    start: Instant,
+) -> [Arc<Workload>; 2] {
+    [
+        arm(
+            first.0,
+            first.1,
+            first.2,
+            etcd,
+            writers,
+            faults.clone(),
+            seed,
+            start,
+        ),
+        arm(
+            second.0,
+            second.1,
+            second.2,
+            etcd,
+            writers,
+            faults,
+            seed ^ 1,
+            start,
+        ),
+    ]
+}
+
 /// The verdict: no violation through fencegate, at least one in the control
 /// arm (otherwise the run could not have caught anything: inconclusive).
 fn verdict(fenced: &ArmResult, control: &ArmResult) {
@@ -169,13 +204,7 @@ async fn short_run() {
     let secs = env_u64("TORTURE_SECS").unwrap_or(45);
     let writers = env_u64("TORTURE_WRITERS").unwrap_or(8) as u32;
     let etcd = Etcd::start();
-    let rules = format!(
-        "{}[[rules]]\nbucket = \"demo\"\nprefix = \"control/\"\nmode = \"unfenced\"\n\n{}",
-        shared_rules("demo", "fenced/", MULTIS),
-        verified(&etcd, &resources("fencegate", "fenced/", LOGS, MULTIS))
-    );
-    let fg = Fencegate::start(Backend::Embedded, &rules);
-    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    let fg = short_run_fencegate(&etcd).await;
     // Between the writers and fencegate: a stable address across restarts,
     // a little delay, and now and then a reset connection.
     let front = network_faults(FaultConfig {
@@ -188,28 +217,15 @@ async fn short_run() {
     let faults = writer_faults(0.04, 0.04);
     let client = || s3_client(&hop.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1");
     let start = Instant::now();
-    let arms = [
-        arm(
-            "fencegate",
-            "fenced/",
-            client(),
-            &etcd,
-            writers,
-            faults.clone(),
-            seed,
-            start,
-        ),
-        arm(
-            "control",
-            "control/",
-            client(),
-            &etcd,
-            writers,
-            faults,
-            seed ^ 1,
-            start,
-        ),
-    ];
+    let arms = two_arms(
+        ("fencegate", "fenced/", client()),
+        ("control", "control/", client()),
+        &etcd,
+        writers,
+        faults,
+        seed,
+        start,
+    );
     let kill9 = Kill9 {
         fg: fg.clone(),
         hop: hop.clone(),
@@ -237,35 +253,10 @@ async fn short_run() {
     )
     .await;
     forger_stop.send_replace(true);
-    let forged = forger.await.unwrap();
-    println!(
-        "torture short run: forger sent {} made-up tokens, answered {:?} ({} of them the token a \
-         holder of the resource had too, {} acknowledged across a handoff)",
-        forged.sent,
-        forged.answers,
-        forged.acknowledged.len(),
-        forged.in_handoff
-    );
-    let made_up = forged.made_up(&arms[0].hist);
-    assert!(
-        made_up.is_empty(),
-        "made-up tokens went through: {made_up:?}"
-    );
+    no_made_up_token_went_through(&forger.await.unwrap(), &arms[0].hist);
     // Nor did one raise a fence past what etcd ever issued.
     let admin = fg.lock().unwrap().admin;
-    let (_, listed) = common::http_call(
-        "GET",
-        &format!("http://{admin}/fences?limit=1000"),
-        None,
-        None,
-    )
-    .await;
-    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
-    let revision = etcd_revision(&etcd.endpoint).await;
-    for f in listed["fences"].as_array().unwrap() {
-        let h = f["highest"].as_u64().unwrap();
-        assert!(h <= revision, "fence {f} above etcd's revision {revision}");
-    }
+    no_fence_above_etcd_revision(admin, &etcd).await;
     println!(
         "torture short run: {}s, {kills} kill -9, front hop {}",
         start.elapsed().as_secs(),
@@ -280,6 +271,54 @@ async fn short_run() {
     let fenced = judge(&arms[0], &reader, "short-history").await;
     let control = judge(&arms[1], &reader, "short-history").await;
     verdict(&fenced, &control);
+}
+
+/// The short run's fencegate on the embedded store: the fencegate arm's
+/// rules (verified against etcd) and the control arm's prefix unfenced.
+async fn short_run_fencegate(etcd: &Etcd) -> Fencegate {
+    let rules = format!(
+        "{}[[rules]]\nbucket = \"demo\"\nprefix = \"control/\"\nmode = \"unfenced\"\n\n{}",
+        shared_rules("demo", "fenced/", MULTIS),
+        verified(etcd, &resources("fencegate", "fenced/", LOGS, MULTIS))
+    );
+    let fg = Fencegate::start(Backend::Embedded, &rules);
+    common::ensure_bucket(&common::sdk(&fg.endpoint()), "demo").await;
+    fg
+}
+
+/// Prints what the forger sent and asserts none of its made-up tokens went
+/// through.
+fn no_made_up_token_went_through(forged: &forger::Forged, hist: &History) {
+    println!(
+        "torture short run: forger sent {} made-up tokens, answered {:?} ({} of them the token a \
+         holder of the resource had too, {} acknowledged across a handoff)",
+        forged.sent,
+        forged.answers,
+        forged.acknowledged.len(),
+        forged.in_handoff
+    );
+    let made_up = forged.made_up(hist);
+    assert!(
+        made_up.is_empty(),
+        "made-up tokens went through: {made_up:?}"
+    );
+}
+
+/// Lists fencegate's fences and asserts none is above etcd's revision.
+async fn no_fence_above_etcd_revision(admin: std::net::SocketAddr, etcd: &Etcd) {
+    let (_, listed) = common::http_call(
+        "GET",
+        &format!("http://{admin}/fences?limit=1000"),
+        None,
+        None,
+    )
+    .await;
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let revision = etcd_revision(&etcd.endpoint).await;
+    for f in listed["fences"].as_array().unwrap() {
+        let h = f["highest"].as_u64().unwrap();
+        assert!(h <= revision, "fence {f} above etcd's revision {revision}");
+    }
 }
 
 /// Proof that the harness tests the ordering barrier (CONTRACT §4), not only
@@ -333,28 +372,15 @@ async fn barrier_off_is_caught() {
     };
     let start = Instant::now();
     let client = |fg: &Fencegate| s3_client(&fg.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1");
-    let arms = [
-        arm(
-            "ordered",
-            "ordered/",
-            client(&ordered),
-            &etcd,
-            writers,
-            faults.clone(),
-            seed,
-            start,
-        ),
-        arm(
-            "unordered",
-            "unordered/",
-            client(&unordered),
-            &etcd,
-            writers,
-            faults,
-            seed ^ 1,
-            start,
-        ),
-    ];
+    let arms = two_arms(
+        ("ordered", "ordered/", client(&ordered)),
+        ("unordered", "unordered/", client(&unordered)),
+        &etcd,
+        writers,
+        faults,
+        seed,
+        start,
+    );
     let budget = Budget {
         secs,
         ops: u64::MAX,
@@ -397,51 +423,28 @@ async fn long_run() {
         ..FaultConfig::none()
     });
     let back = Hop::start(garage_addr, network.clone(), seed ^ 2).await;
-    let fg = Fencegate::start(
-        Backend::Garage {
-            endpoint: back.endpoint(),
-            access_key: garage.key_id.clone(),
-            secret_key: garage.secret.clone(),
-        },
-        // A short barrier bound, so that answers held by the hop also end
-        // in 503 SlowDown for the next holder.
-        &format!(
-            "[fence]\nadmission_wait_ms = 1000\n\n{}",
-            shared_rules("demo", "fenced/", MULTIS)
-        ),
-    );
+    let fg = long_run_fencegate(&back, &garage);
     let front = Arc::new(Hop::start(fg.s3, FaultConfig::none(), seed ^ 3).await);
     let control_hop = Hop::start(garage_addr, network, seed ^ 4).await;
     let fg = Arc::new(Mutex::new(fg));
     let faults = writer_faults(0.04, 0.03);
     let start = Instant::now();
-    let arms = [
-        arm(
-            "fencegate",
-            "fenced/",
-            s3_client(&front.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1"),
-            &etcd,
-            writers,
-            faults.clone(),
-            seed,
-            start,
-        ),
-        arm(
-            "control",
-            "control/",
-            s3_client(
-                &control_hop.endpoint(),
-                &garage.key_id,
-                &garage.secret,
-                "garage",
-            ),
-            &etcd,
-            writers,
-            faults,
-            seed ^ 1,
-            start,
-        ),
-    ];
+    let fenced = s3_client(&front.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1");
+    let control = s3_client(
+        &control_hop.endpoint(),
+        &garage.key_id,
+        &garage.secret,
+        "garage",
+    );
+    let arms = two_arms(
+        ("fencegate", "fenced/", fenced),
+        ("control", "control/", control),
+        &etcd,
+        writers,
+        faults,
+        seed,
+        start,
+    );
     let kill9 = Kill9 {
         fg: fg.clone(),
         hop: front.clone(),
@@ -470,6 +473,23 @@ async fn long_run() {
         fenced.counts.ops
     );
     verdict(&fenced, &control);
+}
+
+/// The long run's fencegate in front of Garage, through the hop `back`.
+fn long_run_fencegate(back: &Hop, garage: &Garage) -> Fencegate {
+    Fencegate::start(
+        Backend::Garage {
+            endpoint: back.endpoint(),
+            access_key: garage.key_id.clone(),
+            secret_key: garage.secret.clone(),
+        },
+        // A short barrier bound, so that answers held by the hop also end
+        // in 503 SlowDown for the next holder.
+        &format!(
+            "[fence]\nadmission_wait_ms = 1000\n\n{}",
+            shared_rules("demo", "fenced/", MULTIS)
+        ),
+    )
 }
 
 /// etcd's revision now.

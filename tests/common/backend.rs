@@ -375,18 +375,7 @@ async fn handle_write_or_read(
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Response<TestBody>> {
     let method = req.method().to_string();
-    let raw_path = req.uri().path().to_string();
-    let mut path = raw_path.trim_start_matches('/').to_string();
-    // Virtual-host style: `Host: bucket.127.0.0.1:port`.
-    if let Some(host) = req.headers().get("host").and_then(|h| h.to_str().ok())
-        && let Some((bucket, rest)) = host.split_once('.')
-        && rest.starts_with("127.0.0.1")
-    {
-        path = format!("{bucket}/{path}");
-    }
-    let key = percent_encoding::percent_decode_str(&path)
-        .decode_utf8_lossy()
-        .into_owned();
+    let (raw_path, key) = key_of(&req);
     let token = token_of(&req);
     let conditions = Conditions::of(&req);
     record(
@@ -399,90 +388,131 @@ async fn handle_write_or_read(
         },
     );
     match method.as_str() {
-        "PUT" if key.contains('/') => {
-            let mut body = req.into_body();
-            let mut data = Vec::new();
-            loop {
-                match body.frame().await {
-                    Some(Ok(f)) => {
-                        if let Ok(d) = f.into_data() {
-                            *st.bytes_received.lock().unwrap() += d.len() as u64;
-                            if !st.discard {
-                                data.extend_from_slice(&d);
-                            }
-                        }
-                    }
-                    Some(Err(_)) => {
-                        record(&st, Event::BodyAborted { key, token });
-                        return Ok(Response::builder()
-                            .status(400)
-                            .body(Full::default())
-                            .unwrap());
-                    }
-                    None => break,
-                }
-            }
-            record(
-                &st,
-                Event::BodyComplete {
-                    key: key.clone(),
-                    token,
-                },
-            );
-            if let Some(t) = token
-                && st.stalled_tokens.lock().unwrap().contains(&t)
-            {
-                if st.early_tokens.lock().unwrap().contains(&t) {
-                    return Err(answer_early(st.clone(), key, data, t));
-                }
-                if st.finish_detached.load(std::sync::atomic::Ordering::SeqCst) {
-                    // In a task of its own: dropping this request's future
-                    // (its connection closed) does not stop it.
-                    let (st2, key2) = (st.clone(), key.clone());
-                    let applied = tokio::spawn(async move {
-                        released(&st2, t).await;
-                        apply(&st2, &key2, data, &conditions, token)
-                    });
-                    return Ok(answer(applied.await.unwrap()));
-                }
-                released(&st, t).await;
-            }
-            Ok(answer(apply(&st, &key, data, &conditions, token)))
-        }
-        "HEAD" if key.contains('/') => Ok(match st.objects.lock().unwrap().get(&key) {
-            Some(b) => Response::builder()
-                .status(200)
-                .header("etag", format!("\"{}\"", etag_of(b)))
-                .header("content-length", b.len())
-                .body(Full::default())
-                .unwrap(),
-            None => Response::builder()
-                .status(404)
-                .body(Full::default())
-                .unwrap(),
-        }),
-        "DELETE" if key.contains('/') => {
-            let mut objects = st.objects.lock().unwrap();
-            let judge = st.judge.load(std::sync::atomic::Ordering::SeqCst);
-            if judge && conditions.if_match.is_some() && !conditions.hold(objects.get(&key)) {
-                return Ok(answer(None));
-            }
-            objects.remove(&key);
-            Ok(Response::builder()
-                .status(204)
-                .body(Full::default())
-                .unwrap())
-        }
-        "GET" => Ok(match st.objects.lock().unwrap().get(&key) {
-            Some(b) => Response::new(Full::new(b.clone())),
-            None => Response::builder()
-                .status(404)
-                .body(Full::new(Bytes::from_static(
-                    b"<Error><Code>NoSuchKey</Code></Error>",
-                )))
-                .unwrap(),
-        }),
+        "PUT" if key.contains('/') => handle_put(st, req, key, token, conditions).await,
+        "HEAD" if key.contains('/') => Ok(handle_head(&st, &key)),
+        "DELETE" if key.contains('/') => Ok(handle_delete(&st, &key, &conditions)),
+        "GET" => Ok(handle_get(&st, &key)),
         _ => Ok(Response::new(Full::default())),
+    }
+}
+
+/// The request's raw path and its decoded `bucket/key` (a virtual-host
+/// style `Host: bucket.127.0.0.1:port` supplies the bucket).
+fn key_of(req: &Request<Incoming>) -> (String, String) {
+    let raw_path = req.uri().path().to_string();
+    let mut path = raw_path.trim_start_matches('/').to_string();
+    // Virtual-host style: `Host: bucket.127.0.0.1:port`.
+    if let Some(host) = req.headers().get("host").and_then(|h| h.to_str().ok())
+        && let Some((bucket, rest)) = host.split_once('.')
+        && rest.starts_with("127.0.0.1")
+    {
+        path = format!("{bucket}/{path}");
+    }
+    let key = percent_encoding::percent_decode_str(&path)
+        .decode_utf8_lossy()
+        .into_owned();
+    (raw_path, key)
+}
+
+/// A PUT: reads the body whole, waits while its token is stalled (or
+/// answers early, or finishes detached), then applies it.
+async fn handle_put(
+    st: Arc<State>,
+    req: Request<Incoming>,
+    key: String,
+    token: Option<u64>,
+    conditions: Conditions,
+) -> Result<Response<Full<Bytes>>, Response<TestBody>> {
+    let mut body = req.into_body();
+    let mut data = Vec::new();
+    loop {
+        match body.frame().await {
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data() {
+                    *st.bytes_received.lock().unwrap() += d.len() as u64;
+                    if !st.discard {
+                        data.extend_from_slice(&d);
+                    }
+                }
+            }
+            Some(Err(_)) => {
+                record(&st, Event::BodyAborted { key, token });
+                return Ok(Response::builder()
+                    .status(400)
+                    .body(Full::default())
+                    .unwrap());
+            }
+            None => break,
+        }
+    }
+    record(
+        &st,
+        Event::BodyComplete {
+            key: key.clone(),
+            token,
+        },
+    );
+    if let Some(t) = token
+        && st.stalled_tokens.lock().unwrap().contains(&t)
+    {
+        if st.early_tokens.lock().unwrap().contains(&t) {
+            return Err(answer_early(st.clone(), key, data, t));
+        }
+        if st.finish_detached.load(std::sync::atomic::Ordering::SeqCst) {
+            // In a task of its own: dropping this request's future
+            // (its connection closed) does not stop it.
+            let (st2, key2) = (st.clone(), key.clone());
+            let applied = tokio::spawn(async move {
+                released(&st2, t).await;
+                apply(&st2, &key2, data, &conditions, token)
+            });
+            return Ok(answer(applied.await.unwrap()));
+        }
+        released(&st, t).await;
+    }
+    Ok(answer(apply(&st, &key, data, &conditions, token)))
+}
+
+/// A HEAD: the object's ETag and length, or 404.
+fn handle_head(st: &State, key: &str) -> Response<Full<Bytes>> {
+    match st.objects.lock().unwrap().get(key) {
+        Some(b) => Response::builder()
+            .status(200)
+            .header("etag", format!("\"{}\"", etag_of(b)))
+            .header("content-length", b.len())
+            .body(Full::default())
+            .unwrap(),
+        None => Response::builder()
+            .status(404)
+            .body(Full::default())
+            .unwrap(),
+    }
+}
+
+/// A DELETE: 204, or 412 where judging is on and its If-Match fails.
+fn handle_delete(st: &State, key: &str, conditions: &Conditions) -> Response<Full<Bytes>> {
+    let mut objects = st.objects.lock().unwrap();
+    let judge = st.judge.load(std::sync::atomic::Ordering::SeqCst);
+    if judge && conditions.if_match.is_some() && !conditions.hold(objects.get(key)) {
+        return answer(None);
+    }
+    objects.remove(key);
+    Response::builder()
+        .status(204)
+        .body(Full::default())
+        .unwrap()
+}
+
+/// A GET: the object's bytes, or 404 NoSuchKey.
+fn handle_get(st: &State, key: &str) -> Response<Full<Bytes>> {
+    match st.objects.lock().unwrap().get(key) {
+        Some(b) => Response::new(Full::new(b.clone())),
+        None => Response::builder()
+            .status(404)
+            .body(Full::new(Bytes::from_static(
+                b"<Error><Code>NoSuchKey</Code></Error>",
+            )))
+            .unwrap(),
     }
 }
 

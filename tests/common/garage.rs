@@ -4,7 +4,7 @@
 //! `cargo install --locked garage` (scripts/test installs it when missing).
 
 use super::free_port;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,24 @@ fn garage_bin() -> PathBuf {
     if p.exists() { p } else { "garage".into() }
 }
 
+/// Writes a single-node Garage config into `dir`: RPC on `rpc`, S3 on `s3`.
+fn write_config(dir: &Path, rpc: u16, s3: u16, secret: &str) -> PathBuf {
+    let config = dir.join("garage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "metadata_dir = \"{d}/meta\"\ndata_dir = \"{d}/data\"\ndb_engine = \"sqlite\"\n\
+             replication_factor = 1\nrpc_bind_addr = \"127.0.0.1:{rpc}\"\n\
+             rpc_public_addr = \"127.0.0.1:{rpc}\"\nrpc_secret = \"{secret}\"\n\n\
+             [s3_api]\ns3_region = \"garage\"\napi_bind_addr = \"127.0.0.1:{s3}\"\n\
+             root_domain = \".s3.garage.localhost\"\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
 impl Garage {
     /// Starts Garage with the bucket `demo` (and lets the key create more).
     pub fn start() -> Garage {
@@ -36,19 +54,7 @@ impl Garage {
         let secret: String = (0..32)
             .map(|i| format!("{:02x}", (i * 37 + 11) % 256))
             .collect();
-        let config = dir.path().join("garage.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "metadata_dir = \"{d}/meta\"\ndata_dir = \"{d}/data\"\ndb_engine = \"sqlite\"\n\
-                 replication_factor = 1\nrpc_bind_addr = \"127.0.0.1:{rpc}\"\n\
-                 rpc_public_addr = \"127.0.0.1:{rpc}\"\nrpc_secret = \"{secret}\"\n\n\
-                 [s3_api]\ns3_region = \"garage\"\napi_bind_addr = \"127.0.0.1:{s3}\"\n\
-                 root_domain = \".s3.garage.localhost\"\n",
-                d = dir.path().display()
-            ),
-        )
-        .unwrap();
+        let config = write_config(dir.path(), rpc, s3, &secret);
         let log = std::fs::File::create(dir.path().join("garage.log")).unwrap();
         let child = Command::new(garage_bin())
             .arg("-c")
@@ -70,41 +76,10 @@ impl Garage {
         // Wait for the node to answer over RPC (`node id` alone reads the
         // key file and can succeed before the server listens), then lay it
         // out.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let node_id = loop {
-            let up = g.cli(&["status"]).is_ok();
-            let out = if up {
-                g.cli(&["node", "id", "-q"])
-            } else {
-                Err(String::new())
-            };
-            if let Some(id) = out.ok().and_then(|o| o.lines().next().map(str::to_string))
-                && !id.is_empty()
-            {
-                break id.split('@').next().unwrap().to_string();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "garage did not start: {}",
-                g.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        };
+        let node_id = g.node_id_once_up();
         g.cli_ok(&["layout", "assign", "-z", "dc1", "-c", "1G", &node_id]);
         g.cli_ok(&["layout", "apply", "--version", "1"]);
-        let key = g.cli_ok(&["key", "create", "fencegate-backend"]);
-        for line in key.lines() {
-            let line = line.trim();
-            if let Some(v) = line.strip_prefix("Key ID:") {
-                g.key_id = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("Secret key:") {
-                g.secret = v.trim().to_string();
-            }
-        }
-        assert!(
-            !g.key_id.is_empty() && !g.secret.is_empty(),
-            "key create said: {key}"
-        );
+        g.create_backend_key();
         g.cli_ok(&["key", "allow", "--create-bucket", "fencegate-backend"]);
         g.cli_ok(&["bucket", "create", "demo"]);
         g.cli_ok(&[
@@ -118,6 +93,47 @@ impl Garage {
             "fencegate-backend",
         ]);
         g
+    }
+
+    /// Waits (30 s at most) until the node answers over RPC; its node id.
+    fn node_id_once_up(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let up = self.cli(&["status"]).is_ok();
+            let out = if up {
+                self.cli(&["node", "id", "-q"])
+            } else {
+                Err(String::new())
+            };
+            if let Some(id) = out.ok().and_then(|o| o.lines().next().map(str::to_string))
+                && !id.is_empty()
+            {
+                return id.split('@').next().unwrap().to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "garage did not start: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Creates the key `fencegate-backend` and keeps its id and secret.
+    fn create_backend_key(&mut self) {
+        let key = self.cli_ok(&["key", "create", "fencegate-backend"]);
+        for line in key.lines() {
+            let line = line.trim();
+            if let Some(v) = line.strip_prefix("Key ID:") {
+                self.key_id = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("Secret key:") {
+                self.secret = v.trim().to_string();
+            }
+        }
+        assert!(
+            !self.key_id.is_empty() && !self.secret.is_empty(),
+            "key create said: {key}"
+        );
     }
 
     fn cli(&self, args: &[&str]) -> Result<String, String> {

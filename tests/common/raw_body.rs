@@ -196,6 +196,62 @@ fn signed_chunked_len(len: u64, trailer: Option<&str>) -> u64 {
     }
 }
 
+/// The state of a signed aws-chunked stream being produced.
+struct ChunkSigner {
+    input: ByteStream,
+    buf: BytesMut,
+    prev: String,
+    identity: Identity,
+    time: SystemTime,
+    hasher: Sha256,
+    done: bool,
+    trailer: bool,
+}
+
+/// Signs `data` as the next chunk (chained on the previous signature) and
+/// frames it.
+fn signed_chunk(st: &mut ChunkSigner, data: Bytes) -> Bytes {
+    let sig = v4::sign_chunk(&data, &st.prev, &v4_params(&st.identity, st.time))
+        .unwrap()
+        .signature()
+        .to_string();
+    st.prev = sig.clone();
+    let mut out = BytesMut::with_capacity(data.len() + 100);
+    out.extend_from_slice(format!("{:x};chunk-signature={sig}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(&data);
+    if !data.is_empty() || !st.trailer {
+        out.extend_from_slice(b"\r\n");
+    }
+    out.freeze()
+}
+
+/// What follows the input's end: the rest of the buffer as a chunk,
+/// the empty final chunk, and the signed trailer when there is one.
+fn signed_end(st: &mut ChunkSigner) -> Bytes {
+    let mut out = BytesMut::new();
+    if !st.buf.is_empty() {
+        let data = st.buf.split().freeze();
+        out.extend_from_slice(&signed_chunk(st, data));
+    }
+    out.extend_from_slice(&signed_chunk(st, Bytes::new()));
+    if st.trailer {
+        use base64::Engine;
+        let sum = base64::engine::general_purpose::STANDARD
+            .encode(std::mem::take(&mut st.hasher).finalize());
+        let mut h = aws_smithy_runtime_api::http::Headers::new();
+        h.insert("x-amz-checksum-sha256", sum.clone());
+        let sig = v4::sign_trailer(&h, &st.prev, &v4_params(&st.identity, st.time))
+            .unwrap()
+            .signature()
+            .to_string();
+        out.extend_from_slice(
+            format!("x-amz-checksum-sha256:{sum}\r\nx-amz-trailer-signature:{sig}\r\n\r\n")
+                .as_bytes(),
+        );
+    }
+    out.freeze()
+}
+
 /// Re-chunks `src` into CHUNK-sized signed chunks, signing as it goes.
 fn signed_chunks(
     src: Source,
@@ -204,57 +260,7 @@ fn signed_chunks(
     time: SystemTime,
     trailer: bool,
 ) -> ByteStream {
-    struct St {
-        input: ByteStream,
-        buf: BytesMut,
-        prev: String,
-        identity: Identity,
-        time: SystemTime,
-        hasher: Sha256,
-        done: bool,
-        trailer: bool,
-    }
-    fn chunk(st: &mut St, data: Bytes) -> Bytes {
-        let sig = v4::sign_chunk(&data, &st.prev, &v4_params(&st.identity, st.time))
-            .unwrap()
-            .signature()
-            .to_string();
-        st.prev = sig.clone();
-        let mut out = BytesMut::with_capacity(data.len() + 100);
-        out.extend_from_slice(format!("{:x};chunk-signature={sig}\r\n", data.len()).as_bytes());
-        out.extend_from_slice(&data);
-        if !data.is_empty() || !st.trailer {
-            out.extend_from_slice(b"\r\n");
-        }
-        out.freeze()
-    }
-    /// What follows the input's end: the rest of the buffer as a chunk,
-    /// the empty final chunk, and the signed trailer when there is one.
-    fn last(st: &mut St) -> Bytes {
-        let mut out = BytesMut::new();
-        if !st.buf.is_empty() {
-            let data = st.buf.split().freeze();
-            out.extend_from_slice(&chunk(st, data));
-        }
-        out.extend_from_slice(&chunk(st, Bytes::new()));
-        if st.trailer {
-            use base64::Engine;
-            let sum = base64::engine::general_purpose::STANDARD
-                .encode(std::mem::take(&mut st.hasher).finalize());
-            let mut h = aws_smithy_runtime_api::http::Headers::new();
-            h.insert("x-amz-checksum-sha256", sum.clone());
-            let sig = v4::sign_trailer(&h, &st.prev, &v4_params(&st.identity, st.time))
-                .unwrap()
-                .signature()
-                .to_string();
-            out.extend_from_slice(
-                format!("x-amz-checksum-sha256:{sum}\r\nx-amz-trailer-signature:{sig}\r\n\r\n")
-                    .as_bytes(),
-            );
-        }
-        out.freeze()
-    }
-    let st = St {
+    let st = ChunkSigner {
         input: src.stream,
         buf: BytesMut::new(),
         prev: seed,
@@ -271,7 +277,7 @@ fn signed_chunks(
             }
             if st.buf.len() >= CHUNK {
                 let data = st.buf.split_to(CHUNK).freeze();
-                let c = chunk(&mut st, data);
+                let c = signed_chunk(&mut st, data);
                 return Some((c, st));
             }
             match st.input.next().await {
@@ -281,7 +287,7 @@ fn signed_chunks(
                 }
                 None => {
                     st.done = true;
-                    let out = last(&mut st);
+                    let out = signed_end(&mut st);
                     return Some((out, st));
                 }
             }

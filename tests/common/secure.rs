@@ -162,48 +162,11 @@ impl SecureEtcd {
             .map(|(i, (_, p))| format!("m{i}=https://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",");
-        let f = |n: &str| pki.path(n).display().to_string();
-        let mut children = Vec::new();
-        for (i, (c, p)) in ports.iter().enumerate() {
-            let client = format!("https://127.0.0.1:{c}");
-            let peer = format!("https://127.0.0.1:{p}");
-            let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).unwrap();
-            let child = Command::new("etcd")
-                .args(["--name", &format!("m{i}"), "--data-dir"])
-                .arg(dir.path().join(format!("m{i}")))
-                .args([
-                    "--listen-client-urls",
-                    &client,
-                    "--advertise-client-urls",
-                    &client,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                ])
-                .args(["--initial-cluster", &initial])
-                .args([
-                    "--cert-file",
-                    &f("server.pem"),
-                    "--key-file",
-                    &f("server-key.pem"),
-                ])
-                .args(["--trusted-ca-file", &f("ca.pem"), "--client-cert-auth"])
-                .args(["--peer-cert-file", &f("server.pem")])
-                .args(["--peer-key-file", &f("server-key.pem")])
-                .args([
-                    "--peer-trusted-ca-file",
-                    &f("ca.pem"),
-                    "--peer-client-cert-auth",
-                ])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start etcd (Debian package etcd-server)");
-            children.push(child);
-        }
+        let children = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &cp)| spawn_member(pki, dir.path(), i, cp, &initial))
+            .collect();
         let e = SecureEtcd {
             endpoints: ports
                 .iter()
@@ -216,6 +179,13 @@ impl SecureEtcd {
             e.ctl(pki, &[], &["endpoint", "health"]).status.success()
         });
         assert!(healthy, "secure etcd never healthy:\n{}", e.logs());
+        e.set_up_auth(pki);
+        e
+    }
+
+    /// Adds the root user and the fencegate user (role `fg`, read-write on
+    /// `t/` and `orders`), then turns authentication on.
+    fn set_up_auth(&self, pki: &Pki) {
         for args in [
             vec!["role", "add", "root"],
             vec![
@@ -251,10 +221,9 @@ impl SecureEtcd {
             vec!["user", "grant-role", USER, "fg"],
             vec!["auth", "enable"],
         ] {
-            let out = e.ctl(pki, &[], &args);
+            let out = self.ctl(pki, &[], &args);
             assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
         }
-        e
     }
 
     /// `etcdctl` over TLS with the good client certificate, `extra` flags
@@ -287,6 +256,49 @@ impl SecureEtcd {
             })
             .collect()
     }
+}
+
+/// Starts member `m{i}` of the three-member TLS cluster `initial`, with
+/// client port `c` and peer port `p`, logging to `dir/m{i}.log`.
+fn spawn_member(pki: &Pki, dir: &Path, i: usize, (c, p): (u16, u16), initial: &str) -> Child {
+    let f = |n: &str| pki.path(n).display().to_string();
+    let client = format!("https://127.0.0.1:{c}");
+    let peer = format!("https://127.0.0.1:{p}");
+    let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
+    Command::new("etcd")
+        .args(["--name", &format!("m{i}"), "--data-dir"])
+        .arg(dir.join(format!("m{i}")))
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", initial])
+        .args([
+            "--cert-file",
+            &f("server.pem"),
+            "--key-file",
+            &f("server-key.pem"),
+        ])
+        .args(["--trusted-ca-file", &f("ca.pem"), "--client-cert-auth"])
+        .args(["--peer-cert-file", &f("server.pem")])
+        .args(["--peer-key-file", &f("server-key.pem")])
+        .args([
+            "--peer-trusted-ca-file",
+            &f("ca.pem"),
+            "--peer-client-cert-auth",
+        ])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start etcd (Debian package etcd-server)")
 }
 
 impl Drop for SecureEtcd {

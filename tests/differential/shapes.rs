@@ -350,19 +350,7 @@ pub fn content_md5(body: &[u8]) -> String {
 pub fn case(seed: u64, index: usize) -> Case {
     let mut rng = Rng::new(seed ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
     rng.next_u64();
-    let cred = if rng.chance(50) {
-        Cred::Demo
-    } else {
-        Cred::Limited
-    };
-    let shape = match rng.below(20) {
-        0..=5 => Shape::Put,
-        6..=8 => Shape::Delete,
-        9..=12 => Shape::Copy,
-        13..=14 => Shape::PartCopy,
-        15..=18 => Shape::MultiDelete,
-        _ => Shape::Lifecycle,
-    };
+    let (cred, shape) = cred_and_shape(&mut rng);
     let oth_pct = if cred == Cred::Demo { 40 } else { 15 };
     let bucket = if rng.chance(oth_pct) { "oth" } else { "shared" };
     let vhost = rng.chance(20);
@@ -376,75 +364,26 @@ pub fn case(seed: u64, index: usize) -> Case {
     } else {
         format!("/{bucket}")
     };
-    let mut headers = Vec::new();
-    let mut query = Vec::new();
-    let mut body = None;
-    // Unique content and a size of its own: an overwrite shows in the
-    // listing even where a store lists no ETag (the embedded one).
-    let mut unique = format!("case {seed}:{index} {:016x} ", rng.next_u64());
-    while unique.len() < 64 + index {
-        unique.push('.');
-    }
-    unique.push('\n');
+    let mut p = Parts {
+        headers: Vec::new(),
+        query: Vec::new(),
+        body: None,
+        tags,
+    };
+    let unique = unique_content(&mut rng, seed, index);
     let (method, path) = match shape {
         Shape::Put | Shape::Delete => {
-            let key = key_path(&mut rng, bucket, &mut tags);
-            if rng.chance(25) {
-                let q = rng.pick(STRAY);
-                tags.push(format!("query:{q}"));
-                query.push(q.to_string());
-            }
-            if shape == Shape::Put {
-                body = Some(unique.into_bytes());
-                (Method::PUT, format!("{prefix}/{key}"))
-            } else {
-                (Method::DELETE, format!("{prefix}/{key}"))
-            }
+            put_or_delete_request(&mut rng, shape, bucket, &prefix, unique, &mut p)
         }
         Shape::Copy | Shape::PartCopy => {
-            let key = if rng.chance(50) {
-                tags.push("dest-fresh".into());
-                format!("cp/{index}")
-            } else {
-                key_path(&mut rng, bucket, &mut tags)
-            };
-            headers.push(("x-amz-copy-source".into(), copy_source(&mut rng, &mut tags)));
-            if shape == Shape::Copy && rng.chance(50) {
-                tags.push("REPLACE".into());
-                headers.push(("x-amz-metadata-directive".into(), "REPLACE".into()));
-                headers.push(("x-amz-meta-case".into(), index.to_string()));
-            }
-            (Method::PUT, format!("{prefix}/{key}"))
+            copy_request(&mut rng, shape, bucket, &prefix, index, &mut p)
         }
-        Shape::MultiDelete => {
-            let b = delete_body(&mut rng, bucket, &mut tags);
-            headers.push(("content-md5".into(), content_md5(&b)));
-            headers.push(("content-type".into(), "application/xml".into()));
-            body = Some(b);
-            query.push("delete".into());
-            let tail = rng.pick(&["", "/", "", "//"]);
-            if tail == "//" {
-                tags.push("delete-double-slash".into());
-            }
-            let path = format!("{prefix}{tail}");
-            (
-                Method::POST,
-                if path.is_empty() { "/".into() } else { path },
-            )
-        }
-        Shape::Lifecycle => {
-            let tail = rng.pick(&["/", "//", "/./", "/x/..", "/%2F", "/.", "/k"]);
-            tags.push(format!("lifecycle-path:{tail}"));
-            let b = lifecycle_body(index);
-            headers.push(("content-md5".into(), content_md5(&b)));
-            body = Some(b);
-            query.push("lifecycle".into());
-            (Method::PUT, format!("{prefix}{tail}"))
-        }
+        Shape::MultiDelete => multi_delete_request(&mut rng, bucket, &prefix, &mut p),
+        Shape::Lifecycle => lifecycle_request(&mut rng, &prefix, index, &mut p),
     };
     let presign = rng.chance(15);
     if presign {
-        tags.push("presigned".into());
+        p.tags.push("presigned".into());
     }
     let carrier = match rng.below(4) {
         0 | 1 => Carrier::Header,
@@ -457,12 +396,134 @@ pub fn case(seed: u64, index: usize) -> Case {
         cred,
         method,
         path,
-        query,
-        headers,
-        body,
+        query: p.query,
+        headers: p.headers,
+        body: p.body,
         host,
         presign,
         carrier,
-        tags,
+        tags: p.tags,
     }
+}
+
+/// The parts of a case that its shape fills in.
+struct Parts {
+    headers: Vec<(String, String)>,
+    query: Vec<String>,
+    body: Option<Vec<u8>>,
+    tags: Vec<String>,
+}
+
+/// Draws who sends the case and its shape.
+fn cred_and_shape(rng: &mut Rng) -> (Cred, Shape) {
+    let cred = if rng.chance(50) {
+        Cred::Demo
+    } else {
+        Cred::Limited
+    };
+    let shape = match rng.below(20) {
+        0..=5 => Shape::Put,
+        6..=8 => Shape::Delete,
+        9..=12 => Shape::Copy,
+        13..=14 => Shape::PartCopy,
+        15..=18 => Shape::MultiDelete,
+        _ => Shape::Lifecycle,
+    };
+    (cred, shape)
+}
+
+/// Unique content and a size of its own: an overwrite shows in the
+/// listing even where a store lists no ETag (the embedded one).
+fn unique_content(rng: &mut Rng, seed: u64, index: usize) -> String {
+    let mut unique = format!("case {seed}:{index} {:016x} ", rng.next_u64());
+    while unique.len() < 64 + index {
+        unique.push('.');
+    }
+    unique.push('\n');
+    unique
+}
+
+/// A PUT of `unique` or a DELETE on a drawn key, sometimes with a stray query.
+fn put_or_delete_request(
+    rng: &mut Rng,
+    shape: Shape,
+    bucket: &str,
+    prefix: &str,
+    unique: String,
+    p: &mut Parts,
+) -> (Method, String) {
+    let key = key_path(rng, bucket, &mut p.tags);
+    if rng.chance(25) {
+        let q = rng.pick(STRAY);
+        p.tags.push(format!("query:{q}"));
+        p.query.push(q.to_string());
+    }
+    if shape == Shape::Put {
+        p.body = Some(unique.into_bytes());
+        (Method::PUT, format!("{prefix}/{key}"))
+    } else {
+        (Method::DELETE, format!("{prefix}/{key}"))
+    }
+}
+
+/// A copy (or part copy) onto a fresh or drawn key from a drawn source.
+fn copy_request(
+    rng: &mut Rng,
+    shape: Shape,
+    bucket: &str,
+    prefix: &str,
+    index: usize,
+    p: &mut Parts,
+) -> (Method, String) {
+    let key = if rng.chance(50) {
+        p.tags.push("dest-fresh".into());
+        format!("cp/{index}")
+    } else {
+        key_path(rng, bucket, &mut p.tags)
+    };
+    p.headers
+        .push(("x-amz-copy-source".into(), copy_source(rng, &mut p.tags)));
+    if shape == Shape::Copy && rng.chance(50) {
+        p.tags.push("REPLACE".into());
+        p.headers
+            .push(("x-amz-metadata-directive".into(), "REPLACE".into()));
+        p.headers
+            .push(("x-amz-meta-case".into(), index.to_string()));
+    }
+    (Method::PUT, format!("{prefix}/{key}"))
+}
+
+/// A POST `?delete` with a drawn body, on the bucket with a drawn tail.
+fn multi_delete_request(
+    rng: &mut Rng,
+    bucket: &str,
+    prefix: &str,
+    p: &mut Parts,
+) -> (Method, String) {
+    let b = delete_body(rng, bucket, &mut p.tags);
+    p.headers.push(("content-md5".into(), content_md5(&b)));
+    p.headers
+        .push(("content-type".into(), "application/xml".into()));
+    p.body = Some(b);
+    p.query.push("delete".into());
+    let tail = rng.pick(&["", "/", "", "//"]);
+    if tail == "//" {
+        p.tags.push("delete-double-slash".into());
+    }
+    let path = format!("{prefix}{tail}");
+    (
+        Method::POST,
+        if path.is_empty() { "/".into() } else { path },
+    )
+}
+
+/// A PUT `?lifecycle` on a drawn path that may or may not name a key.
+fn lifecycle_request(rng: &mut Rng, prefix: &str, index: usize, p: &mut Parts) -> (Method, String) {
+    let tail = rng.pick(&["/", "//", "/./", "/x/..", "/%2F", "/.", "/k"]);
+    p.tags.push(format!("lifecycle-path:{tail}"));
+    let b = lifecycle_body(index);
+    p.headers.push(("content-md5".into(), content_md5(&b)));
+    p.body = Some(b);
+    p.query.push("lifecycle".into());
+    (Method::PUT, format!("{prefix}{tail}"))
 }

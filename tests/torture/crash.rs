@@ -12,7 +12,7 @@ use super::faults::{FaultConfig, Hop, kill9_loop};
 use super::late_apply::{LateApply, LateConfig};
 use super::run::{Budget, Kill9, drive, env_u64, judge};
 use super::workload::{s3_client, shared_rules};
-use super::{MULTIS, arm, garage_reader, off, socket_of, verdict, writer_faults};
+use super::{MULTIS, garage_reader, off, socket_of, two_arms, verdict, writer_faults};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -57,28 +57,15 @@ pub async fn crash_run(store: Store) {
     let client = |hop: &Hop| s3_client(&hop.endpoint(), DEMO_KEY, DEMO_SECRET, "us-east-1");
     let start = Instant::now();
     let faults = writer_faults(0.02, 0.02);
-    let arms = [
-        arm(
-            "remembered",
-            "remembered/",
-            client(&fronts[0]),
-            &etcd,
-            writers,
-            faults.clone(),
-            seed,
-            start,
-        ),
-        arm(
-            "forgotten",
-            "forgotten/",
-            client(&fronts[1]),
-            &etcd,
-            writers,
-            faults,
-            seed ^ 1,
-            start,
-        ),
-    ];
+    let arms = two_arms(
+        ("remembered", "remembered/", client(&fronts[0])),
+        ("forgotten", "forgotten/", client(&fronts[1])),
+        &etcd,
+        writers,
+        faults,
+        seed,
+        start,
+    );
     // The second arm's fencegate dies on a schedule of its own.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let second = tokio::spawn(kill9_loop(

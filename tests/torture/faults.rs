@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -154,22 +155,47 @@ async fn serve(
     mut rng: StdRng,
     s: Arc<HopStats>,
 ) {
-    let up = match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(target)).await {
-        Ok(Ok(up)) => up,
-        _ => {
-            let _ = client.set_zero_linger();
-            return;
-        }
+    let Some(up) = connect_upstream(&client, target).await else {
+        return;
     };
     let _ = client.set_nodelay(true);
     let _ = up.set_nodelay(true);
     let mut down_rng = StdRng::seed_from_u64(rng.random());
-    let (mut cr, mut cw) = client.into_split();
+    let (cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = up.into_split();
 
     // The client side is read by its own task so that its going away is
     // noticed even while a chunk waits out a delay.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (reader, mut rx, gone_rx) = read_client(cr);
+    let end = tokio::select! {
+        e = forward_up(&mut rx, gone_rx, &mut uw, &f, &mut rng, &s) => e,
+        e = forward_down(&mut ur, &mut cw, &f, &mut down_rng, &s) => e,
+    };
+    reader.abort();
+    close(end, &uw, &mut cw, &s).await;
+}
+
+/// Connects to the backend within 2 s, or resets the client and gives up.
+async fn connect_upstream(client: &TcpStream, target: SocketAddr) -> Option<TcpStream> {
+    match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(target)).await {
+        Ok(Ok(up)) => Some(up),
+        _ => {
+            let _ = client.set_zero_linger();
+            None
+        }
+    }
+}
+
+/// Reads the client side on its own task: its chunks come out of the
+/// channel, and the watch turns true once the client has gone.
+fn read_client(
+    mut cr: OwnedReadHalf,
+) -> (
+    tokio::task::JoinHandle<()>,
+    mpsc::UnboundedReceiver<Vec<u8>>,
+    watch::Receiver<bool>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let (gone_tx, gone_rx) = watch::channel(false);
     let reader = tokio::spawn(async move {
         let mut buf = vec![0u8; 16 * 1024];
@@ -185,73 +211,91 @@ async fn serve(
         }
         let _ = gone_tx.send(true);
     });
+    (reader, rx, gone_rx)
+}
 
-    let stats = s.clone();
-    let upward = async {
-        let gone = || *gone_rx.borrow();
-        let mut gone_wait = gone_rx.clone();
-        while let Some(chunk) = rx.recv().await {
-            let wait = if f.late_p > 0.0 && rng.random_bool(f.late_p) {
-                stats.late_requests.fetch_add(1, Ordering::Relaxed);
-                Some(rng.random_range(f.late_ms.0..=f.late_ms.1))
-            } else if f.delay_max_ms > 0 {
-                stats.delayed_chunks.fetch_add(1, Ordering::Relaxed);
-                Some(rng.random_range(0..=f.delay_max_ms))
-            } else {
-                None
-            };
-            if let Some(d) = wait {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(d)) => {}
-                    _ = gone_wait.wait_for(|g| *g) => {}
-                }
-            }
-            if gone() {
-                stats.dropped_on_client_loss.fetch_add(1, Ordering::Relaxed);
-                return End::ClientGone;
-            }
-            if f.reset_p > 0.0 && rng.random_bool(f.reset_p) {
-                let cut = rng.random_range(0..chunk.len());
-                let _ = uw.write_all(&chunk[..cut]).await;
-                return End::Reset;
-            }
-            if uw.write_all(&chunk).await.is_err() {
-                return End::UpstreamGone;
+/// Forwards request chunks to the backend, holding (late or delay), dropping
+/// them once the client has gone, or cutting them (reset).
+async fn forward_up(
+    rx: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+    gone_rx: watch::Receiver<bool>,
+    uw: &mut OwnedWriteHalf,
+    f: &FaultConfig,
+    rng: &mut StdRng,
+    stats: &HopStats,
+) -> End {
+    let gone = || *gone_rx.borrow();
+    let mut gone_wait = gone_rx.clone();
+    while let Some(chunk) = rx.recv().await {
+        let wait = if f.late_p > 0.0 && rng.random_bool(f.late_p) {
+            stats.late_requests.fetch_add(1, Ordering::Relaxed);
+            Some(rng.random_range(f.late_ms.0..=f.late_ms.1))
+        } else if f.delay_max_ms > 0 {
+            stats.delayed_chunks.fetch_add(1, Ordering::Relaxed);
+            Some(rng.random_range(0..=f.delay_max_ms))
+        } else {
+            None
+        };
+        if let Some(d) = wait {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(d)) => {}
+                _ = gone_wait.wait_for(|g| *g) => {}
             }
         }
-        End::ClientGone
-    };
-    let downward = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = match ur.read(&mut buf).await {
-                Ok(0) | Err(_) => return End::UpstreamGone,
-                Ok(n) => n,
-            };
-            if f.stall_p > 0.0 && down_rng.random_bool(f.stall_p) {
-                s.stalls.fetch_add(1, Ordering::Relaxed);
-                let d = down_rng.random_range(f.stall_ms.0..=f.stall_ms.1);
-                tokio::time::sleep(Duration::from_millis(d)).await;
-            } else if f.delay_max_ms > 0 {
-                s.delayed_chunks.fetch_add(1, Ordering::Relaxed);
-                let d = down_rng.random_range(0..=f.delay_max_ms);
-                tokio::time::sleep(Duration::from_millis(d)).await;
-            }
-            if f.reset_p > 0.0 && down_rng.random_bool(f.reset_p / 4.0) {
-                let cut = down_rng.random_range(0..n);
-                let _ = cw.write_all(&buf[..cut]).await;
-                return End::Reset;
-            }
-            if cw.write_all(&buf[..n]).await.is_err() {
-                return End::ClientGone;
-            }
+        if gone() {
+            stats.dropped_on_client_loss.fetch_add(1, Ordering::Relaxed);
+            return End::ClientGone;
         }
-    };
-    let end = tokio::select! {
-        e = upward => e,
-        e = downward => e,
-    };
-    reader.abort();
+        if f.reset_p > 0.0 && rng.random_bool(f.reset_p) {
+            let cut = rng.random_range(0..chunk.len());
+            let _ = uw.write_all(&chunk[..cut]).await;
+            return End::Reset;
+        }
+        if uw.write_all(&chunk).await.is_err() {
+            return End::UpstreamGone;
+        }
+    }
+    End::ClientGone
+}
+
+/// Forwards answer chunks to the client, holding (stall or delay) or
+/// cutting them (reset, at a quarter of the request probability).
+async fn forward_down(
+    ur: &mut OwnedReadHalf,
+    cw: &mut OwnedWriteHalf,
+    f: &FaultConfig,
+    down_rng: &mut StdRng,
+    s: &HopStats,
+) -> End {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match ur.read(&mut buf).await {
+            Ok(0) | Err(_) => return End::UpstreamGone,
+            Ok(n) => n,
+        };
+        if f.stall_p > 0.0 && down_rng.random_bool(f.stall_p) {
+            s.stalls.fetch_add(1, Ordering::Relaxed);
+            let d = down_rng.random_range(f.stall_ms.0..=f.stall_ms.1);
+            tokio::time::sleep(Duration::from_millis(d)).await;
+        } else if f.delay_max_ms > 0 {
+            s.delayed_chunks.fetch_add(1, Ordering::Relaxed);
+            let d = down_rng.random_range(0..=f.delay_max_ms);
+            tokio::time::sleep(Duration::from_millis(d)).await;
+        }
+        if f.reset_p > 0.0 && down_rng.random_bool(f.reset_p / 4.0) {
+            let cut = down_rng.random_range(0..n);
+            let _ = cw.write_all(&buf[..cut]).await;
+            return End::Reset;
+        }
+        if cw.write_all(&buf[..n]).await.is_err() {
+            return End::ClientGone;
+        }
+    }
+}
+
+/// Closes both sides as `end` says: RST both on a reset, RST the backend
+/// when the client went, FIN the client when the backend closed.
+async fn close(end: End, uw: &OwnedWriteHalf, cw: &mut OwnedWriteHalf, s: &HopStats) {
     match end {
         End::Reset => {
             s.resets.fetch_add(1, Ordering::Relaxed);
