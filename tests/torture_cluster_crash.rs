@@ -259,11 +259,7 @@ async fn cluster_availability() {
     let seed = seed();
     let secs = env_u64("TORTURE_SECS").unwrap_or(40);
     let faults = Faults::from_env();
-    let kind = match std::env::var("TORTURE_STORE").as_deref() {
-        Ok("garage") => Kind::Garage,
-        Ok("moto") | Err(_) => Kind::Moto,
-        Ok(other) => panic!("TORTURE_STORE={other:?}: garage or moto"),
-    };
+    let kind = store_kind();
     let late = (std::env::var("TORTURE_LATE").as_deref() == Ok("1")).then(late);
     let locks = Etcd::start();
     let fences = EtcdCluster::start();
@@ -305,10 +301,7 @@ async fn cluster_availability() {
     stop_tx.send_replace(true);
     let done = chaos.await.unwrap();
     let r: ArmResult = judge(&arms[0], &under.reader, "cluster-availability").await;
-    let ok_writes = arms[0]
-        .hist
-        .ops()
-        .iter()
+    let ok_writes = (arms[0].hist.ops().iter())
         .filter(|o| o.kind == history::Kind::Write && o.outcome == history::Outcome::Ok)
         .count();
     let line = serde_json::json!({
@@ -331,18 +324,33 @@ async fn cluster_availability() {
         "partitions": done.partitions,
     });
     println!("cluster availability: {line}");
-    let path = run::out_dir().join("cluster-availability.jsonl");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .unwrap();
-    use std::io::Write;
-    writeln!(f, "{line}").unwrap();
+    append_line(&line);
     assert!(
         r.violations.is_empty(),
         "{} violation(s) through the cluster: {:#?}",
         r.violations.len(),
         &r.violations[..r.violations.len().min(20)]
     );
+}
+
+/// `TORTURE_STORE`: the store under the replicas (moto by default).
+fn store_kind() -> Kind {
+    match std::env::var("TORTURE_STORE").as_deref() {
+        Ok("garage") => Kind::Garage,
+        Ok("moto") | Err(_) => Kind::Moto,
+        Ok(other) => panic!("TORTURE_STORE={other:?}: garage or moto"),
+    }
+}
+
+/// Appends a run's line to `cluster-availability.jsonl` in the run's
+/// output folder.
+fn append_line(line: &serde_json::Value) {
+    use std::io::Write;
+    let path = run::out_dir().join("cluster-availability.jsonl");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
 }
