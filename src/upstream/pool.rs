@@ -32,6 +32,8 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service;
@@ -84,12 +86,9 @@ impl Pool {
     /// on a new one; resolves with the answer's head.
     pub async fn send(&self, mut req: Request<UpstreamBody>) -> Result<Response<Incoming>, Error> {
         loop {
-            // A new connection is rare (they are kept): its future, over
-            // a KB, is boxed, so that every request's future (moved at
-            // each await above it) does not carry its size.
             let (mut sender, reused) = match self.checkout() {
                 Some(s) => (s, true),
-                None => (Box::pin(self.connect()).await?, false),
+                None => (self.connect().await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
@@ -116,7 +115,7 @@ impl Pool {
     ) -> Result<Response<Incoming>, (Error, bool)> {
         let mut sender = match self.checkout() {
             Some(s) => s,
-            None => Box::pin(self.connect()).await.map_err(|e| (e, false))?,
+            None => self.connect().await.map_err(|e| (e, false))?,
         };
         match sender.try_send_request(build()).await {
             Ok(resp) => {
@@ -161,15 +160,21 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<Sender, Error> {
-        let io = self.connector.clone().call(self.endpoint.clone()).await?;
-        let (sender, conn) = http1::Builder::new().handshake(io).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("backend connection ended: {e}");
-            }
-        });
-        Ok(sender)
+    /// A new connection, its task spawned. Boxed: a connection is rarely
+    /// made (they are kept), and its future, over a KB, would otherwise
+    /// size every request's future that may await it (moved at each await
+    /// above it).
+    fn connect(&self) -> Pin<Box<impl Future<Output = Result<Sender, Error>> + '_>> {
+        Box::pin(async move {
+            let io = self.connector.clone().call(self.endpoint.clone()).await?;
+            let (sender, conn) = http1::Builder::new().handshake(io).await?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!("backend connection ended: {e}");
+                }
+            });
+            Ok(sender)
+        })
     }
 }
 
