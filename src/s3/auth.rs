@@ -79,7 +79,7 @@ pub struct Verified {
 impl Verified {
     /// Whether the signature covers header `name` (lower case).
     pub fn signs_header(&self, name: &str) -> bool {
-        self.signed_headers.split(';').any(|h| h == name)
+        split_ascii(&self.signed_headers, b';').any(|h| h == name)
     }
 }
 
@@ -191,6 +191,29 @@ fn split_credential(credential: &str) -> Option<(&str, &str, [&str; 3])> {
             [part(a, b), part(b, c), part(c, d)],
         )
     })
+}
+
+/// `s` split at each `sep` (ASCII), as `str::split` does; found by
+/// `memchr`, which costs a fraction of a `char` pattern's search per part
+/// (the signed headers are split on every request).
+fn split_ascii(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+    debug_assert!(sep.is_ascii());
+    let mut start = 0;
+    let ends = memchr::memchr_iter(sep, s.as_bytes()).chain([s.len()]);
+    ends.map(move |end| {
+        // `sep` is ASCII: every index is a char boundary.
+        let part = &s[start..end];
+        start = end + 1;
+        part
+    })
+}
+
+/// The names of a `SignedHeaders` list, in a vector sized for an SDK's
+/// (it would otherwise grow twice on most requests).
+fn signed_names(list: &str) -> Vec<&str> {
+    let mut names = Vec::with_capacity(16);
+    names.extend(split_ascii(list, b';'));
+    names
 }
 
 /// Whether a request carries no signature at all: no `Authorization`
@@ -333,7 +356,7 @@ fn parse_auth_header<'a>(value: &'a str, amz_date: &'a str) -> Result<Claim<'a>,
         .strip_prefix("AWS4-HMAC-SHA256")
         .ok_or_else(|| malformed("only AWS4-HMAC-SHA256 signatures are accepted"))?;
     let (mut cred, mut signed, mut sig) = (None, None, None);
-    for part in rest.split(',') {
+    for part in split_ascii(rest, b',') {
         let part = part.trim();
         if let Some(v) = part.strip_prefix("Credential=") {
             cred = Some(v);
@@ -354,7 +377,7 @@ fn parse_auth_header<'a>(value: &'a str, amz_date: &'a str) -> Result<Claim<'a>,
         date,
         region,
         service,
-        signed_headers: signed.split(';').collect(),
+        signed_headers: signed_names(signed),
         signed_list: signed,
         signature,
         amz_date,
@@ -403,7 +426,7 @@ fn presigned_claim<'a>(head: &'a Head<'a>, now: SystemTime) -> Result<Claim<'a>,
         date,
         region,
         service,
-        signed_headers: signed.split(';').collect(),
+        signed_headers: signed_names(signed),
         signed_list: signed,
         signature: q("X-Amz-Signature")?,
         amz_date,

@@ -157,3 +157,13 @@ fn credentials_split_into_key_and_scope() {
         assert_eq!(split_credential(bad), None, "{bad:?}");
     }
 }
+
+/// The signed headers and the `Authorization` parts split as `str::split`
+/// splits them, empty parts and ends included.
+#[test]
+fn ascii_split_is_str_split() {
+    for s in ["", ";", "a", "a;b", ";a;;b;", "host;x-amz-date", "é;ü;"] {
+        let ours: Vec<&str> = super::split_ascii(s, b';').collect();
+        assert_eq!(ours, s.split(';').collect::<Vec<_>>(), "{s:?}");
+    }
+}
