@@ -359,10 +359,16 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     let listed: Vec<(&str, &HeaderValue)> = (head.headers.iter())
         .map(|(n, v)| (n.as_str(), v))
         .collect();
+    // Where no name has a second value (as in nearly every request), the
+    // scan for a name stops at its first match.
+    let most = match head.headers.len() == head.headers.keys_len() {
+        true => 1,
+        false => usize::MAX,
+    };
     for &name in signed_headers {
         canonical.push_str(name.as_ref());
         canonical.push(':');
-        push_canonical_header_value(&mut canonical, &listed, head.headers, name)?;
+        push_canonical_header_value(&mut canonical, (&listed, most), head.headers, name)?;
         canonical.push('\n');
     }
     canonical.push('\n');
@@ -380,17 +386,19 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
 /// Appends a signed header's canonical value: every value of the header,
 /// white space runs folded to one space and trimmed, joined with `,`.
 /// `listed` are the headers in the map's order (a name's values in the
-/// order they came); a name not found there as written (upper case) is
-/// looked up as the map looks names up.
+/// order they came), and at most how many values a name has; a name not
+/// found there as written (upper case) is looked up as the map looks
+/// names up.
 fn push_canonical_header_value<N: AsHeaderName + AsRef<str> + Copy>(
     out: &mut String,
-    listed: &[(&str, &HeaderValue)],
+    (listed, most): (&[(&str, &HeaderValue)], usize),
     headers: &HeaderMap,
     name: N,
 ) -> Result<(), S3Error> {
     let wanted = name.as_ref();
     let mut values = (listed.iter())
         .filter(|&&(n, _)| n == wanted)
+        .take(most)
         .map(|&(_, v)| v)
         .peekable();
     let mut other = None;
@@ -519,6 +527,32 @@ mod tests {
         assert!(is_plain_value(long.as_bytes()));
         assert!(!is_plain_value(double.as_bytes()));
         assert!(!is_plain_value(tail.as_bytes()));
+    }
+
+    /// Every value of a signed header, in the order it came, whether or
+    /// not some other header has a second value.
+    #[test]
+    fn a_signed_header_keeps_all_its_values() {
+        let canonical = |headers: &HeaderMap| {
+            let head = Head {
+                method: "PUT",
+                raw_path: "/b/k",
+                query: &[],
+                headers,
+            };
+            let signed = ["host", "x-amz-meta-a", "x-amz-meta-b"];
+            canonical_request(&head, &signed, false, None).unwrap()
+        };
+        let mut h = HeaderMap::new();
+        h.insert("x-amz-meta-b", "only".parse().unwrap());
+        h.insert("host", "h".parse().unwrap());
+        h.insert("x-amz-meta-a", "1".parse().unwrap());
+        let single = canonical(&h);
+        assert!(single.contains("\nhost:h\nx-amz-meta-a:1\nx-amz-meta-b:only\n"));
+        h.append("x-amz-meta-a", " 2  3 ".parse().unwrap());
+        h.append("x-amz-meta-a", "4".parse().unwrap());
+        let multi = canonical(&h);
+        assert!(multi.contains("\nx-amz-meta-a:1,2 3,4\nx-amz-meta-b:only\n"));
     }
 
     #[test]
