@@ -20,6 +20,7 @@ use fencegate::s3::auth::{self, Credentials, Head};
 use fencegate::s3::query::decode_query;
 use fencegate::s3::sign::HeaderSigner;
 use fencegate::s3::sigv4::{self, KeyCache, SigningKey};
+use fencegate::upstream::client::forwarded_headers;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use std::hint::black_box;
@@ -124,23 +125,14 @@ fn credentials() -> Credentials {
     }])
 }
 
-/// What goes to the backend: the client's headers without its signature
-/// and the SDK's bookkeeping, as `upstream::client` hands them to the
-/// signer.
+/// What goes to the backend, as the proxy hands it to the signer: the
+/// client's headers as `forwarded_headers` copies them (without its
+/// signature, host, length and token, into a map with room for what is
+/// added), then the backend's host and the body's length.
 fn backend_headers(client: &HeaderMap) -> HeaderMap {
-    let mut h = client.clone();
-    for gone in [
-        "authorization",
-        "x-amz-date",
-        "x-amz-content-sha256",
-        "user-agent",
-        "amz-sdk-invocation-id",
-        "amz-sdk-request",
-        "x-fencing-token",
-    ] {
-        h.remove(gone);
-    }
+    let mut h = forwarded_headers(client, &["x-fencing-token"]);
     h.insert("host", "127.0.0.1:3900".parse().unwrap());
+    h.insert("content-length", "4096".parse().unwrap());
     h
 }
 
@@ -227,7 +219,6 @@ fn verify_and_resign(c: &mut Criterion) {
             headers: &headers,
         };
         auth::verify(&head, &creds, REGION, now()).expect("the client's signature verifies");
-        let backend = backend_headers(&headers);
         let payload = match form {
             Form::HeaderSignedBody => headers["x-amz-content-sha256"].to_str().unwrap(),
             _ => "UNSIGNED-PAYLOAD",
@@ -235,16 +226,18 @@ fn verify_and_resign(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("verify", name), |b| {
             b.iter(|| auth::verify(black_box(&head), &creds, REGION, now()).unwrap())
         });
+        // Each signing gets a map made as the proxy makes one per request
+        // (with room for the signature's headers; a clone has none).
         g.bench_function(BenchmarkId::new("re-sign", name), |b| {
             b.iter_batched_ref(
-                || backend.clone(),
+                || backend_headers(&headers),
                 |h| signer.sign("PUT", PATH, &[], h, payload, now()).unwrap(),
                 criterion::BatchSize::SmallInput,
             )
         });
         g.bench_function(BenchmarkId::new("verify + re-sign", name), |b| {
             b.iter_batched_ref(
-                || backend.clone(),
+                || backend_headers(&headers),
                 |h| {
                     auth::verify(black_box(&head), &creds, REGION, now()).unwrap();
                     signer.sign("PUT", PATH, &[], h, payload, now()).unwrap()
