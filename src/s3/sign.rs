@@ -71,8 +71,12 @@ impl HeaderSigner {
             signing_key(&self.secret_key, day, &self.region, "s3")
         });
         // The header value is written in one buffer, the scope (which the
-        // string to sign repeats) and the signature straight into it.
-        let mut authorization = String::with_capacity(256);
+        // string to sign repeats) and the signature straight into it. Its
+        // size is known: the fixed text (146 bytes with the date and the
+        // signature) and the names.
+        let listed: usize = names.iter().map(|n| n.as_str().len() + 1).sum();
+        let mut authorization =
+            String::with_capacity(160 + self.access_key.len() + self.region.len() + listed);
         authorization.push_str("AWS4-HMAC-SHA256 Credential=");
         authorization.push_str(&self.access_key);
         authorization.push('/');

@@ -346,7 +346,17 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     presigned: bool,
     content_sha: Option<&str>,
 ) -> Result<String, S3Error> {
-    let mut canonical = String::with_capacity(512);
+    // The request's few headers, listed once: a signed one is found by a
+    // scan of names (mostly of other lengths), not parsed and hashed.
+    let listed: Vec<(&str, &HeaderValue)> = (head.headers.iter())
+        .map(|(n, v)| (n.as_str(), v))
+        .collect();
+    // Room for all of it, so that it is not copied as it grows: every
+    // header twice over (its line, and its name in the list), the path
+    // and query once (longer only where they need encoding), the hash.
+    let headers: usize = listed.iter().map(|(n, v)| 2 * n.len() + v.len() + 3).sum();
+    let query: usize = head.query.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let mut canonical = String::with_capacity(128 + head.raw_path.len() + query + headers);
     canonical.push_str(head.method);
     canonical.push('\n');
     push_canonical_uri(&mut canonical, head.raw_path);
@@ -354,11 +364,6 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     let skip = presigned.then_some("X-Amz-Signature");
     push_canonical_query(&mut canonical, head.query, skip);
     canonical.push('\n');
-    // The request's few headers, listed once: a signed one is found by a
-    // scan of names (mostly of other lengths), not parsed and hashed.
-    let listed: Vec<(&str, &HeaderValue)> = (head.headers.iter())
-        .map(|(n, v)| (n.as_str(), v))
-        .collect();
     // Where no name has a second value (as in nearly every request), the
     // scan for a name stops at its first match.
     let most = match head.headers.len() == head.headers.keys_len() {
