@@ -364,16 +364,10 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     let skip = presigned.then_some("X-Amz-Signature");
     push_canonical_query(&mut canonical, head.query, skip);
     canonical.push('\n');
-    // Where no name has a second value (as in nearly every request), the
-    // scan for a name stops at its first match.
-    let most = match head.headers.len() == head.headers.keys_len() {
-        true => 1,
-        false => usize::MAX,
-    };
     for &name in signed_headers {
         canonical.push_str(name.as_ref());
         canonical.push(':');
-        push_canonical_header_value(&mut canonical, (&listed, most), head.headers, name)?;
+        push_canonical_header_value(&mut canonical, &listed, head.headers, name)?;
         canonical.push('\n');
     }
     canonical.push('\n');
@@ -390,17 +384,23 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
 
 /// Appends a signed header's canonical value: every value of the header,
 /// white space runs folded to one space and trimmed, joined with `,`.
-/// `listed` are the headers in the map's order (a name's values in the
-/// order they came), and at most how many values a name has; a name not
-/// found there as written (upper case) is looked up as the map looks
-/// names up.
+/// `listed` are the headers of `headers` in the map's order (a name's
+/// values in the order they came); a name not found there as written
+/// (upper case) is looked up as the map looks names up.
 fn push_canonical_header_value<N: AsHeaderName + AsRef<str> + Copy>(
     out: &mut String,
-    (listed, most): (&[(&str, &HeaderValue)], usize),
+    listed: &[(&str, &HeaderValue)],
     headers: &HeaderMap,
     name: N,
 ) -> Result<(), S3Error> {
     let wanted = name.as_ref();
+    // Where no name has a second value (as in nearly every request), the
+    // scan stops at the first match.
+    let most = if headers.len() == headers.keys_len() {
+        1
+    } else {
+        usize::MAX
+    };
     let mut values = (listed.iter())
         .filter(|&&(n, _)| n == wanted)
         .take(most)
