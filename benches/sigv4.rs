@@ -235,6 +235,19 @@ fn verify_and_resign(c: &mut Criterion) {
                 criterion::BatchSize::SmallInput,
             )
         });
+        g.bench_function(BenchmarkId::new("verify + forward + re-sign", name), |b| {
+            b.iter(|| {
+                auth::verify(black_box(&head), &creds, REGION, now()).unwrap();
+                let mut h = backend_headers(black_box(&headers));
+                signer
+                    .sign("PUT", PATH, &[], &mut h, payload, now())
+                    .unwrap();
+                h
+            })
+        });
+        g.bench_function(BenchmarkId::new("forward", name), |b| {
+            b.iter(|| backend_headers(black_box(&headers)))
+        });
         g.bench_function(BenchmarkId::new("verify + re-sign", name), |b| {
             b.iter_batched_ref(
                 || backend_headers(&headers),
