@@ -19,7 +19,8 @@ use fencegate::config::Credential;
 use fencegate::s3::auth::{self, Credentials, Head};
 use fencegate::s3::query::decode_query;
 use fencegate::s3::sign::HeaderSigner;
-use fencegate::s3::sigv4::{self, KeyCache, SigningKey};
+use fencegate::s3::signing_key::{self as keys, KeyCache, SigningKey};
+use fencegate::s3::sigv4;
 use fencegate::upstream::client::forwarded_headers;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
@@ -139,14 +140,14 @@ fn backend_headers(client: &HeaderMap) -> HeaderMap {
 fn keys(c: &mut Criterion) {
     let mut g = c.benchmark_group("sigv4/key");
     g.bench_function("derive (4 HMACs)", |b| {
-        b.iter(|| sigv4::signing_key(black_box("SK"), "20270115", REGION, "s3"))
+        b.iter(|| keys::signing_key(black_box("SK"), "20270115", REGION, "s3"))
     });
     let cache = KeyCache::default();
     let scope = "20270115/us-east-1/s3/aws4_request";
     g.bench_function("cached (the day's key)", |b| {
         b.iter(|| cache.get(black_box(scope), day_key))
     });
-    let _ = cache.get(scope, || sigv4::signing_key("SK", "20270115", REGION, "s3"));
+    let _ = cache.get(scope, || keys::signing_key("SK", "20270115", REGION, "s3"));
     g.bench_function("aws-sigv4 derive", |b| {
         b.iter(|| aws_sigv4::sign::v4::generate_signing_key(black_box("SK"), now(), REGION, "s3"))
     });
@@ -154,7 +155,7 @@ fn keys(c: &mut Criterion) {
 }
 
 fn day_key() -> [u8; 32] {
-    sigv4::signing_key("SK", "20270115", REGION, "s3")
+    keys::signing_key("SK", "20270115", REGION, "s3")
 }
 
 fn steps(c: &mut Criterion) {
@@ -185,7 +186,7 @@ fn steps(c: &mut Criterion) {
     let scope = format!("{}/{REGION}/s3/aws4_request", &amz_date[..8]);
     let canonical =
         sigv4::canonical_request(&head, &signed, false, Some("UNSIGNED-PAYLOAD")).unwrap();
-    let key = SigningKey::new(&sigv4::signing_key("SK", &amz_date[..8], REGION, "s3"));
+    let key = SigningKey::new(&keys::signing_key("SK", &amz_date[..8], REGION, "s3"));
     let mut g = c.benchmark_group("sigv4/steps");
     g.bench_function("canonical request", |b| {
         b.iter(|| {
@@ -193,7 +194,7 @@ fn steps(c: &mut Criterion) {
         })
     });
     g.bench_function("string to sign", |b| {
-        b.iter(|| sigv4::string_to_sign(amz_date, &scope, black_box(&canonical)))
+        b.iter(|| keys::string_to_sign(amz_date, &scope, black_box(&canonical)))
     });
     g.bench_function("signature (hash + HMAC, no string)", |b| {
         b.iter(|| key.mac_request(amz_date, &scope, black_box(&canonical)))
@@ -299,7 +300,7 @@ fn hashes(c: &mut Criterion) {
     let key = [9u8; 32];
     let pre = SigningKey::new(&key);
     g.bench_function("hmac crate, 200 B", |b| {
-        b.iter(|| sigv4::hmac(black_box(&key), black_box(&msg)))
+        b.iter(|| keys::hmac(black_box(&key), black_box(&msg)))
     });
     g.bench_function("hmac crate, pads kept, 200 B", |b| {
         b.iter(|| pre.mac(black_box(&msg)))

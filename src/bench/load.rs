@@ -11,6 +11,7 @@ use super::GenBody;
 use super::report::{Report, Tally};
 use crate::s3::auth::Signing;
 use crate::s3::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
+use crate::s3::signing_key::{SigningKey, signing_key};
 use crate::s3::sigv4::{self, EMPTY_SHA256};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
@@ -154,12 +155,7 @@ impl Signer {
                 .filter(|s| s.scope.starts_with(day))
                 .map(|s| s.key.clone());
             let key = reuse_key.unwrap_or_else(|| {
-                sigv4::SigningKey::new(&sigv4::signing_key(
-                    &self.secret_key,
-                    day,
-                    &self.region,
-                    "s3",
-                ))
+                SigningKey::new(&signing_key(&self.secret_key, day, &self.region, "s3"))
             });
             self.signing = Some(Signing {
                 key,

@@ -13,8 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::signing_key::{KeyCache, SigningKey, Started, signing_key};
 pub use super::sigv4::{Head, canonical_request};
-use super::sigv4::{KeyCache, SigningKey, is_signature, parse_amz_date, signing_key};
+use super::sigv4::{is_signature, parse_amz_date};
 
 // Where these lived before `sigv4.rs` and `query.rs`; the parser tests
 // (`tests/parsers.rs`) name them here.
@@ -115,12 +116,42 @@ struct Known {
     last_key: KeyCache,
 }
 
+/// Where the key that checks a request comes from.
+enum KeyOf<'a> {
+    /// A credential of the table, its key kept by scope.
+    Kept(&'a Known),
+    /// A session credential's, derived for this request.
+    Derived(SigningKey),
+}
+
+impl KeyOf<'_> {
+    /// The request's signature begun: all but its canonical request's
+    /// hash fed.
+    fn start(&self, claim: &Claim<'_>) -> Started {
+        match self {
+            KeyOf::Kept(known) => {
+                let derive = || known.derive(claim);
+                (known.last_key).start(claim.scope, claim.amz_date, derive)
+            }
+            KeyOf::Derived(key) => key.start(claim.amz_date, claim.scope),
+        }
+    }
+
+    /// The key itself (for the signatures of chunks).
+    fn key(self, claim: &Claim<'_>) -> SigningKey {
+        match self {
+            KeyOf::Kept(known) => (known.last_key).get(claim.scope, || known.derive(claim)),
+            KeyOf::Derived(key) => key,
+        }
+    }
+}
+
 impl Known {
-    /// The key for `scope` (`date/region/service/aws4_request`, as the
-    /// request's credential names it).
-    fn signing_key(&self, scope: &str, date: &str, region: &str, service: &str) -> SigningKey {
+    /// The key for the claim's scope (`date/region/service/aws4_request`,
+    /// as the request's credential names it).
+    fn derive(&self, claim: &Claim<'_>) -> [u8; 32] {
         let secret = &self.credential.secret_access_key;
-        (self.last_key).get(scope, || signing_key(secret, date, region, service))
+        signing_key(secret, claim.date, claim.region, claim.service)
     }
 }
 
@@ -254,13 +285,14 @@ pub fn verify(
     let payload = payload_of(content_sha)?;
     let canonical = canonical_request(head, &claim.signed_headers, presigned, content_sha)?;
     let (credential, key, session) = match creds.by_key.get(claim.access_key) {
-        Some(known) => {
-            let key = known.signing_key(claim.scope, claim.date, claim.region, claim.service);
-            (known.credential.clone(), key, None)
+        Some(known) => (known.credential.clone(), KeyOf::Kept(known), None),
+        None => {
+            let (credential, key, session) =
+                session_credential(head, creds, &claim, presigned, now)?;
+            (credential, KeyOf::Derived(key), session)
         }
-        None => session_credential(head, creds, &claim, presigned, now)?,
     };
-    let mac = key.mac_request(claim.amz_date, claim.scope, &canonical);
+    let mac = key.start(&claim).finish(&canonical);
     if !is_signature(&mac, claim.signature) {
         return Err(S3Error::SignatureDoesNotMatch);
     }
@@ -268,7 +300,7 @@ pub fn verify(
     // none: three strings not made).
     let signing = matches!(payload, Payload::StreamingSigned { .. }).then(|| {
         Box::new(Signing {
-            key,
+            key: key.key(&claim),
             amz_date: claim.amz_date.to_string(),
             scope: claim.scope.to_string(),
             seed_signature: claim.signature.to_string(),

@@ -279,7 +279,7 @@ pub fn decode(input: ByteStream, spec: ChunkedSpec) -> FrameStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::sigv4::{SigningKey, signing_key};
+    use crate::s3::signing_key::{SigningKey, signing_key};
 
     fn example_signing(seed: &str) -> Signing {
         Signing {

@@ -15,5 +15,6 @@ pub mod query;
 pub mod range;
 pub mod session;
 pub mod sign;
+pub mod signing_key;
 pub mod sigv4;
 pub mod xml;

@@ -26,7 +26,8 @@
 use super::error::S3Error;
 use super::op::{Effect, Op, Operation};
 use super::query::{Param, has_query_param, query_param};
-use super::sigv4::{hmac, same_signature};
+use super::signing_key::hmac;
+use super::sigv4::same_signature;
 use crate::config::Credential;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;

@@ -7,9 +7,8 @@
 use super::error::S3Error;
 use super::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
 use super::query::Param;
-use super::sigv4::{
-    EMPTY_SHA256, Head, KeyCache, amz_date, canonical_request, push_hex, signing_key,
-};
+use super::signing_key::{KeyCache, signing_key};
+use super::sigv4::{EMPTY_SHA256, Head, amz_date, canonical_request, push_hex};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,8 +17,8 @@ pub struct HeaderSigner {
     access_key: String,
     secret_key: String,
     region: String,
-    /// By day (`YYYYMMDD`): region and service never change here.
-    day_key: KeyCache,
+    /// By scope, which only the day changes here.
+    last_key: KeyCache,
 }
 
 impl HeaderSigner {
@@ -28,7 +27,7 @@ impl HeaderSigner {
             access_key: access_key.into(),
             secret_key: secret_key.into(),
             region: region.into(),
-            day_key: KeyCache::default(),
+            last_key: KeyCache::default(),
         }
     }
 
@@ -57,11 +56,17 @@ impl HeaderSigner {
         };
         headers.insert(X_AMZ_CONTENT_SHA256, payload_value);
         headers.remove(http::header::AUTHORIZATION);
-        // Each name once (a map's keys are distinct), sorted, but for those
-        // the AWS SDKs leave unsigned.
-        let mut names: Vec<&HeaderName> = Vec::with_capacity(headers.keys_len());
-        names.extend(headers.keys().filter(|&n| !UNSIGNED.contains(n)));
-        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        // Each name once (a map's keys are distinct), but for those the
+        // AWS SDKs leave unsigned; sorted by their first 16 bytes, which
+        // tell nearly every two names apart in one compare, and then whole.
+        let mut keyed: Vec<(u128, &str)> = Vec::with_capacity(headers.keys_len());
+        keyed.extend(
+            (headers.keys())
+                .filter(|&n| !UNSIGNED.contains(n))
+                .map(|n| (sort_key(n.as_str()), n.as_str())),
+        );
+        keyed.sort_unstable();
+        let names: Vec<&str> = keyed.iter().map(|&(_, n)| n).collect();
         let head = Head {
             method,
             raw_path: path,
@@ -69,14 +74,11 @@ impl HeaderSigner {
             headers,
         };
         let canonical = canonical_request(&head, &names, false, Some(payload))?;
-        let key = (self.day_key).get(day, || {
-            signing_key(&self.secret_key, day, &self.region, "s3")
-        });
         // The header value is written in one buffer, the scope (which the
         // string to sign repeats) and the signature straight into it. Its
         // size is known: the fixed text (146 bytes with the date and the
         // signature) and the names.
-        let listed: usize = names.iter().map(|n| n.as_str().len() + 1).sum();
+        let listed: usize = names.iter().map(|n| n.len() + 1).sum();
         let mut authorization =
             String::with_capacity(160 + self.access_key.len() + self.region.len() + listed);
         authorization.push_str("AWS4-HMAC-SHA256 Credential=");
@@ -86,13 +88,17 @@ impl HeaderSigner {
         for part in [day, "/", &self.region, "/s3/aws4_request"] {
             authorization.push_str(part);
         }
-        let mac = key.mac_request(date, &authorization[scope_at..], &canonical);
+        let scope = &authorization[scope_at..];
+        let derive = || signing_key(&self.secret_key, day, &self.region, "s3");
+        let mac = (self.last_key)
+            .start(scope, date, derive)
+            .finish(&canonical);
         authorization.push_str(", SignedHeaders=");
         for (i, name) in names.iter().enumerate() {
             if i > 0 {
                 authorization.push(';');
             }
-            authorization.push_str(name.as_str());
+            authorization.push_str(name);
         }
         authorization.push_str(", Signature=");
         push_hex(&mut authorization, &mac);
@@ -115,6 +121,16 @@ const UNSIGNED: [HeaderName; 2] = [
     http::header::USER_AGENT,
     HeaderName::from_static("x-amzn-trace-id"),
 ];
+
+/// A header name's first 16 bytes as a number that sorts as they do
+/// (names hold no NUL, so the zeros that pad a short one sort first).
+fn sort_key(name: &str) -> u128 {
+    let mut first = [0u8; 16];
+    for (to, &b) in first.iter_mut().zip(name.as_bytes()) {
+        *to = b;
+    }
+    u128::from_be_bytes(first)
+}
 
 /// `x-amz-date` for `secs` as a header value, formatted once per second
 /// per thread.
@@ -187,6 +203,30 @@ mod tests {
             ..head
         };
         assert!(auth::verify(&tampered, &creds, "garage", now).is_err());
+    }
+
+    /// Names sort by their keys as they sort whole.
+    #[test]
+    fn sort_keys_sort_as_names() {
+        let mut names = [
+            "x-amz-meta-aaaaaaaaaaaaaaaab",
+            "x-amz-meta-aaaaaaaaaaaaaaaa",
+            "x-amz-meta-aaaaaa",
+            "content-type",
+            "content-length",
+            "content-md5",
+            "content",
+            "a",
+            "host",
+            "x-amz-date",
+            "x-amz-content-sha256",
+            "amz-sdk-request",
+            "amz-sdk-invocation-id",
+        ];
+        let mut keyed: Vec<(u128, &str)> = names.iter().map(|&n| (sort_key(n), n)).collect();
+        keyed.sort_unstable();
+        names.sort_unstable();
+        assert_eq!(keyed.iter().map(|k| k.1).collect::<Vec<_>>(), names);
     }
 
     /// The same request signed by aws-sigv4 (the AWS SDK's signer) at the

@@ -1,19 +1,15 @@
-//! The SigV4 primitives: HMAC and the signing key, the canonical forms of
-//! a request's parts, the timestamp format, constant-time comparison. They
-//! hold no policy; `auth.rs` decides what a request must prove with them,
-//! and the chunk signatures (`chunked.rs`) and the load generator
-//! (`bench::load`) sign with them.
+//! The SigV4 primitives: the canonical forms of a request's parts, the
+//! timestamp format, hex, constant-time comparison (the keys and the HMAC
+//! are `signing_key.rs`'s). They hold no policy; `auth.rs` decides what a
+//! request must prove with them, and the chunk signatures (`chunked.rs`)
+//! and the load generator (`bench::load`) sign with them.
 
 use super::error::S3Error;
 use super::query::{Param, percent_decode};
-use hmac::{Hmac, KeyInit, Mac};
-use http::header::AsHeaderName;
 use http::{HeaderMap, HeaderValue};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// Characters SigV4 leaves unencoded, `A-Za-z0-9-._~`, as a
 /// `percent-encoding` set: the reference that [`push_encoded`] is tested
@@ -33,12 +29,6 @@ pub const EMPTY_SHA256_BYTES: [u8; 32] = [
     0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
     0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55,
 ];
-
-pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(data);
-    mac.finalize().into_bytes().into()
-}
 
 pub fn sha256_hex(data: &[u8]) -> String {
     hex_lower(&Sha256::digest(data))
@@ -76,93 +66,6 @@ pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
     for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
         pair.copy_from_slice(&PAIRS[usize::from(b)]);
     }
-}
-
-/// The SigV4 signing key for `date` (YYYYMMDD), `region` and `service`.
-pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> [u8; 32] {
-    let k = hmac(format!("AWS4{secret}").as_bytes(), date.as_bytes());
-    let k = hmac(&k, region.as_bytes());
-    let k = hmac(&k, service.as_bytes());
-    hmac(&k, b"aws4_request")
-}
-
-/// A signing key as the HMAC it keys: its inner and outer pads hashed
-/// once, so that each signature hashes only its own message.
-#[derive(Clone)]
-pub struct SigningKey(HmacSha256);
-
-impl SigningKey {
-    pub fn new(key: &[u8; 32]) -> SigningKey {
-        SigningKey(<HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length"))
-    }
-
-    /// HMAC-SHA256 of `data` with this key.
-    pub fn mac(&self, data: &[u8]) -> [u8; 32] {
-        let mut mac = self.0.clone();
-        mac.update(data);
-        mac.finalize().into_bytes().into()
-    }
-
-    /// The signature of `string_to_sign`: its HMAC as lowercase hex.
-    pub fn sign(&self, string_to_sign: &str) -> String {
-        hex_lower(&self.mac(string_to_sign.as_bytes()))
-    }
-
-    /// The HMAC of the string [`string_to_sign`] builds, fed to the HMAC
-    /// piece by piece instead: a request's signature (made or checked)
-    /// without the string.
-    pub fn mac_request(&self, amz_date: &str, scope: &str, canonical_request: &str) -> [u8; 32] {
-        let mut hash = [0u8; 64];
-        hex_into(&Sha256::digest(canonical_request.as_bytes()), &mut hash);
-        let mut mac = self.0.clone();
-        for part in [ALGORITHM, amz_date, "\n", scope, "\n"] {
-            mac.update(part.as_bytes());
-        }
-        mac.update(&hash);
-        mac.finalize().into_bytes().into()
-    }
-}
-
-/// The signing key last derived for one secret, by the scope it was derived
-/// for. A scope (day, region, service) lasts a whole day, so keeping the
-/// last key saves four HMACs on every request but the first of the day.
-/// Both directions use it: verifying a client (`auth`), signing for the
-/// backend (`sign`).
-#[derive(Default)]
-pub struct KeyCache(std::sync::Mutex<Option<(String, SigningKey)>>);
-
-impl KeyCache {
-    /// The key for `scope`, from `derive` when it is not the last one. The
-    /// lock is held for a compare and a copy, or for the derivation once a
-    /// day.
-    pub fn get(&self, scope: &str, derive: impl FnOnce() -> [u8; 32]) -> SigningKey {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match &*last {
-            Some((s, key)) if s == scope => key.clone(),
-            _ => {
-                let key = SigningKey::new(&derive());
-                *last = Some((scope.to_string(), key.clone()));
-                key
-            }
-        }
-    }
-}
-
-/// The first line of every string to sign.
-const ALGORITHM: &str = "AWS4-HMAC-SHA256\n";
-
-/// The string SigV4 signs: the algorithm, the request's timestamp, its
-/// scope (`date/region/service/aws4_request`) and the hash of the canonical
-/// request.
-pub fn string_to_sign(amz_date: &str, scope: &str, canonical_request: &str) -> String {
-    let mut out = String::with_capacity(ALGORITHM.len() + amz_date.len() + scope.len() + 66);
-    out.push_str(ALGORITHM);
-    out.push_str(amz_date);
-    out.push('\n');
-    out.push_str(scope);
-    out.push('\n');
-    push_hex(&mut out, &Sha256::digest(canonical_request.as_bytes()));
-    out
 }
 
 /// `YYYYMMDDTHHMMSSZ` for a Unix time in seconds.
@@ -335,17 +238,16 @@ pub struct Head<'a> {
 
 /// The canonical request: method, URI, query (without the signature of a
 /// presigned URL), the signed headers with their values, and the payload
-/// hash as the client sent it.
+/// hash as the client sent it; as the bytes SigV4 hashes.
 ///
-/// `signed_headers` are names as the client listed them (`&str`), or the
-/// request's own `&HeaderName`s when fencegate signs (looked up without
-/// parsing them again).
-pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
+/// `signed_headers` are names as the client listed them, or the names of
+/// the request's own headers when fencegate signs.
+pub fn canonical_request(
     head: &Head<'_>,
-    signed_headers: &[N],
+    signed_headers: &[&str],
     presigned: bool,
     content_sha: Option<&str>,
-) -> Result<String, S3Error> {
+) -> Result<Vec<u8>, S3Error> {
     // The request's few headers, listed once: a signed one is found by a
     // scan of names (mostly of other lengths), not parsed and hashed.
     let listed: Vec<(&str, &HeaderValue)> = (head.headers.iter())
@@ -356,29 +258,31 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
     // and query once (longer only where they need encoding), the hash.
     let headers: usize = listed.iter().map(|(n, v)| 2 * n.len() + v.len() + 3).sum();
     let query: usize = head.query.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-    let mut canonical = String::with_capacity(128 + head.raw_path.len() + query + headers);
-    canonical.push_str(head.method);
-    canonical.push('\n');
-    push_canonical_uri(&mut canonical, head.raw_path);
-    canonical.push('\n');
+    let mut line = String::with_capacity(128 + head.raw_path.len() + query + headers);
+    line.push_str(head.method);
+    line.push('\n');
+    push_canonical_uri(&mut line, head.raw_path);
+    line.push('\n');
     let skip = presigned.then_some("X-Amz-Signature");
-    push_canonical_query(&mut canonical, head.query, skip);
-    canonical.push('\n');
+    push_canonical_query(&mut line, head.query, skip);
+    line.push('\n');
+    // The headers' values go in as the bytes they are.
+    let mut canonical = line.into_bytes();
     for &name in signed_headers {
-        canonical.push_str(name.as_ref());
-        canonical.push(':');
+        canonical.extend_from_slice(name.as_bytes());
+        canonical.push(b':');
         push_canonical_header_value(&mut canonical, &listed, head.headers, name)?;
-        canonical.push('\n');
+        canonical.push(b'\n');
     }
-    canonical.push('\n');
+    canonical.push(b'\n');
     for (i, name) in signed_headers.iter().enumerate() {
         if i > 0 {
-            canonical.push(';');
+            canonical.push(b';');
         }
-        canonical.push_str(name.as_ref());
+        canonical.extend_from_slice(name.as_bytes());
     }
-    canonical.push('\n');
-    canonical.push_str(content_sha.unwrap_or("UNSIGNED-PAYLOAD"));
+    canonical.push(b'\n');
+    canonical.extend_from_slice(content_sha.unwrap_or("UNSIGNED-PAYLOAD").as_bytes());
     Ok(canonical)
 }
 
@@ -387,53 +291,61 @@ pub fn canonical_request<N: AsHeaderName + AsRef<str> + Copy>(
 /// `listed` are the headers of `headers` in the map's order (a name's
 /// values in the order they came); a name not found there as written
 /// (upper case) is looked up as the map looks names up.
-fn push_canonical_header_value<N: AsHeaderName + AsRef<str> + Copy>(
-    out: &mut String,
+fn push_canonical_header_value(
+    out: &mut Vec<u8>,
     listed: &[(&str, &HeaderValue)],
     headers: &HeaderMap,
-    name: N,
+    name: &str,
 ) -> Result<(), S3Error> {
-    let wanted = name.as_ref();
     // Where no name has a second value (as in nearly every request), the
     // scan stops at the first match.
-    let most = if headers.len() == headers.keys_len() {
-        1
-    } else {
-        usize::MAX
-    };
-    let mut values = (listed.iter())
-        .filter(|&&(n, _)| n == wanted)
-        .take(most)
-        .map(|&(_, v)| v)
-        .peekable();
-    let mut other = None;
-    if values.peek().is_none() {
-        other = Some(headers.get_all(name).iter());
+    let one_each = headers.len() == headers.keys_len();
+    let mut found = 0;
+    for &(_, value) in listed.iter().filter(|&&(n, _)| n == name) {
+        push_canonical_value(out, name, value, found)?;
+        found += 1;
+        if one_each {
+            break;
+        }
     }
-    let mut values = values.chain(other.into_iter().flatten()).peekable();
-    let name = wanted;
-    if values.peek().is_none() {
+    if found == 0 {
+        for value in headers.get_all(name) {
+            push_canonical_value(out, name, value, found)?;
+            found += 1;
+        }
+    }
+    if found == 0 {
         return Err(S3Error::AuthorizationHeaderMalformed(format!(
             "signed header {name} is missing"
         )));
     }
-    for (i, v) in values.enumerate() {
-        let v = std::str::from_utf8(v.as_bytes()).map_err(|_| {
-            S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
-        })?;
-        if i > 0 {
-            out.push(',');
+    Ok(())
+}
+
+/// Appends one value of header `name`, the `index`th, after a `,` when it
+/// is not the first: white space runs folded to one space and trimmed.
+fn push_canonical_value(
+    out: &mut Vec<u8>,
+    name: &str,
+    value: &HeaderValue,
+    index: usize,
+) -> Result<(), S3Error> {
+    if index > 0 {
+        out.push(b',');
+    }
+    // A plain value needs no UTF-8 check: it is printable ASCII.
+    if is_plain_value(value.as_bytes()) {
+        out.extend_from_slice(value.as_bytes());
+        return Ok(());
+    }
+    let value = std::str::from_utf8(value.as_bytes()).map_err(|_| {
+        S3Error::AuthorizationHeaderMalformed(format!("header {name} is not UTF-8"))
+    })?;
+    for (j, word) in value.split_whitespace().enumerate() {
+        if j > 0 {
+            out.push(b' ');
         }
-        if is_plain_value(v.as_bytes()) {
-            out.push_str(v);
-            continue;
-        }
-        for (j, word) in v.split_whitespace().enumerate() {
-            if j > 0 {
-                out.push(' ');
-            }
-            out.push_str(word);
-        }
+        out.extend_from_slice(word.as_bytes());
     }
     Ok(())
 }
@@ -481,27 +393,6 @@ mod tests {
         assert_eq!(hex_lower(&all), hex::encode(&all));
     }
 
-    /// The signature fed piece by piece is the HMAC of the string to sign,
-    /// and only the right hex signature matches it.
-    #[test]
-    fn a_request_mac_is_the_mac_of_its_string_to_sign() {
-        let key = SigningKey::new(&signing_key("secret", "20261124", "us-east-1", "s3"));
-        let (date, scope) = ("20261124T010203Z", "20261124/us-east-1/s3/aws4_request");
-        let canonical = "PUT\n/b/k\n\nhost:h\n\nhost\nUNSIGNED-PAYLOAD";
-        let mac = key.mac_request(date, scope, canonical);
-        let hex = key.sign(&string_to_sign(date, scope, canonical));
-        assert_eq!(
-            mac,
-            key.mac(string_to_sign(date, scope, canonical).as_bytes())
-        );
-        assert!(is_signature(&mac, &hex));
-        let mut wrong = hex.clone().into_bytes();
-        wrong[63] = if wrong[63] == b'0' { b'1' } else { b'0' };
-        assert!(!is_signature(&mac, std::str::from_utf8(&wrong).unwrap()));
-        assert!(!is_signature(&mac, &hex[..62]));
-        assert!(!is_signature(&mac, &hex.to_uppercase()));
-    }
-
     #[test]
     fn canonical_forms() {
         assert_eq!(canonical_uri("/b/plain-key_1.txt~"), "/b/plain-key_1.txt~");
@@ -546,7 +437,7 @@ mod tests {
                 headers,
             };
             let signed = ["host", "x-amz-meta-a", "x-amz-meta-b"];
-            canonical_request(&head, &signed, false, None).unwrap()
+            String::from_utf8(canonical_request(&head, &signed, false, None).unwrap()).unwrap()
         };
         let mut h = HeaderMap::new();
         h.insert("x-amz-meta-b", "only".parse().unwrap());

@@ -1,8 +1,8 @@
 //! The unit tests of `s3::auth`.
 
 use super::*;
+use crate::s3::signing_key::{hmac, string_to_sign};
 use crate::s3::sigv4::EMPTY_SHA256;
-use crate::s3::sigv4::{hmac, string_to_sign};
 
 /// A table of one credential, allowed every bucket.
 fn one_credential(key: &str, secret: &str) -> Credentials {
@@ -109,15 +109,17 @@ fn verify_get(
 }
 
 // The verifier remembers each credential's signing key for its scope
-// (`Known`): a request of the next day must get its own key, going back
-// to the first day too, and a remembered key must not make a wrong
+// (`Known`), and the signature it began for a second: a request of the
+// next day must get its own key, one of the next second its own start,
+// going back to the first ones too, and neither must make a wrong
 // signature pass.
 #[test]
 fn remembered_signing_key_follows_the_scope() {
     let creds = one_credential("AK", "SK");
     let day1 = "20240101T235959Z";
+    let day1_earlier = "20240101T235958Z";
     let day2 = "20240102T000001Z";
-    for at in [day1, day2, day1] {
+    for at in [day1, day1, day1_earlier, day2, day1] {
         verify_get(&creds, &signed_get("SK", at), at).unwrap_or_else(|e| panic!("{at}: {e:?}"));
     }
     assert!(matches!(
@@ -165,5 +167,6 @@ fn ascii_split_is_str_split() {
     for s in ["", ";", "a", "a;b", ";a;;b;", "host;x-amz-date", "é;ü;"] {
         let ours: Vec<&str> = super::split_ascii(s, b';').collect();
         assert_eq!(ours, s.split(';').collect::<Vec<_>>(), "{s:?}");
+        assert_eq!(super::signed_names(s), ours, "{s:?}");
     }
 }
