@@ -176,7 +176,9 @@
 //! - [`s3::names`]: bucket names, keys and copy sources in the one form that
 //!   is fenced and forwarded.
 //! - [`s3::auth`]: SigV4 verification, header and presigned, step by step;
-//!   [`s3::sigv4`]: its primitives (signing key, canonical forms);
+//!   [`s3::sigv4`]: its primitives (canonical forms, timestamps, hex);
+//!   [`s3::signing_key`]: the signing key, its HMAC and the cache that
+//!   keeps the day's key and the second's begun signature;
 //!   [`s3::sign`]: the same forms signing what fencegate sends the backend;
 //!   `auth/tests.rs`: the tests of `s3::auth`.
 //! - [`s3::query`], [`s3::headers`]: the query string's one lookup, the
