@@ -94,9 +94,8 @@ pub struct KeyCache(std::sync::Mutex<Option<Last>>);
 struct Last {
     scope: String,
     key: SigningKey,
-    /// The timestamp `started` began, if any.
-    amz_date: Option<String>,
-    started: Started,
+    /// The signature last begun with `key`, and the timestamp it began.
+    begun: Option<(String, Started)>,
 }
 
 impl KeyCache {
@@ -114,11 +113,14 @@ impl KeyCache {
     pub fn start(&self, scope: &str, amz_date: &str, derive: impl FnOnce() -> [u8; 32]) -> Started {
         let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let entry = Self::entry(&mut last, scope, derive);
-        if entry.amz_date.as_deref() != Some(amz_date) {
-            entry.started = entry.key.start(amz_date, scope);
-            entry.amz_date = Some(amz_date.to_string());
+        if let Some((date, started)) = &entry.begun
+            && date == amz_date
+        {
+            return started.clone();
         }
-        entry.started.clone()
+        let started = entry.key.start(amz_date, scope);
+        entry.begun = Some((amz_date.to_string(), started.clone()));
+        started
     }
 
     fn entry<'a>(
@@ -127,12 +129,10 @@ impl KeyCache {
         derive: impl FnOnce() -> [u8; 32],
     ) -> &'a mut Last {
         if last.as_ref().is_none_or(|l| l.scope != scope) {
-            let key = SigningKey::new(&derive());
             *last = Some(Last {
                 scope: scope.to_string(),
-                started: Started(key.0.clone()),
-                key,
-                amz_date: None,
+                key: SigningKey::new(&derive()),
+                begun: None,
             });
         }
         last.as_mut().expect("filled above")
