@@ -450,6 +450,88 @@ async fn losing_one_etcd_member_keeps_everything_working() {
     assert_eq!(ready_status(&fg[1]), 200);
 }
 
+/// An election that outlasts every replica's lease (etcd's survivors
+/// stalled, as on a host starved of CPU or disk): the writes sent meanwhile
+/// wait for the replicas' new leases and land, in token order, none lost
+/// and none answered 503.
+#[tokio::test]
+async fn an_election_longer_than_the_leases_stalls_writes_and_loses_none() {
+    let mut etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    let fg: Vec<_> = (0..2)
+        .map(|_| {
+            replica_with(
+                &backend,
+                &etcd.endpoints_toml(),
+                "admission_wait_ms = 20000",
+                5000,
+            )
+        })
+        .collect();
+    let a = Arc::new(RawClient::new(&fg[0].endpoint()));
+    let b = Arc::new(RawClient::new(&fg[1].endpoint()));
+    let put = |via: &Arc<RawClient>, body: &'static str, t: u64| {
+        let via = via.clone();
+        tokio::spawn(async move { via.send(RawRequest::put("/demo/k", body).token(t)).await })
+    };
+    assert_eq!(put(&a, "1", 1).await.unwrap().unwrap().status, 200);
+
+    let leader = etcd.leader();
+    etcd.kill(leader);
+    // No leader for 6 s: past the 4 s a 5 s lease stays fresh after its
+    // last keep-alive, so both replicas lose theirs.
+    let survivors: Vec<i32> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| etcd.pid(i))
+        .collect();
+    for &pid in &survivors {
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
+    let two = put(&a, "2", 2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let three = put(&b, "3", 3);
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    for &pid in &survivors {
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    // Both waited out the election; whichever was admitted first, 3 is the
+    // one that stays. 2, admitted after 3, is refused as stale.
+    let (two, three) = (two.await.unwrap().unwrap(), three.await.unwrap().unwrap());
+    if three.status != 200 || !matches!(two.code(), None | Some("StaleFencingToken")) {
+        eprintln!("A:\n{}\nB:\n{}", fg[0].logs(), fg[1].logs());
+    }
+    assert_eq!(three.status, 200, "token 3: {}", three.body);
+    assert!(
+        two.status == 200 || (two.status, two.code()) == (409, Some("StaleFencingToken")),
+        "token 2: {} {}",
+        two.status,
+        two.body
+    );
+    assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"3"));
+    let r = a.send(RawRequest::put("/demo/k", "old").token(2)).await;
+    let r = r.unwrap();
+    assert_eq!((r.status, r.code()), (409, Some("StaleFencingToken")));
+    for (t, body) in [(4, "4"), (5, "5"), (6, "6")] {
+        let via = if t % 2 == 0 { &b } else { &a };
+        let r = put(via, body, t).await.unwrap().unwrap();
+        assert_eq!(r.status, 200, "token {t}: {}", r.body);
+    }
+    assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"6"));
+    // etcd extends every lease at an election: each replica kept its own,
+    // and with it what it owned, rather than starting over.
+    for replica in &fg {
+        assert!(
+            replica.logs().contains("stood all along"),
+            "{}",
+            replica.logs()
+        );
+    }
+    common::wait_until(30, "both replicas ready", || {
+        ready_status(&fg[0]) == 200 && ready_status(&fg[1]) == 200
+    });
+}
+
 #[tokio::test]
 async fn with_etcd_down_fenced_requests_get_503_and_tokenless_reads_pass() {
     let mut etcd = EtcdCluster::start();

@@ -22,7 +22,7 @@
 //! (`fence/gate/owned.rs`, `ask_predecessor`).
 
 use crate::body::ProxyBody;
-use crate::fence::gate::{Gate, Predecessors};
+use crate::fence::gate::{Gate, Mode, Predecessors};
 use crate::s3::error::S3Error;
 use crate::upstream::pool::{Pool, UpstreamBody};
 use dashmap::DashMap;
@@ -215,11 +215,38 @@ impl Predecessors for Peers {
     }
 }
 
-/// The answer to a ping: `200`, and to a successor's question
+/// The header of a ping's answer that says whether the replica holds a
+/// fresh lease ([`FRESH`]), so that a replica cut off from etcd relays a
+/// request only to a peer that can admit it (`route.rs`).
+pub const LEASE: &str = "x-fencegate-lease";
+pub const FRESH: &str = "fresh";
+
+impl Peer {
+    /// Whether the replica at `url` says, answering a ping, that its lease
+    /// is fresh; `None` when it does not answer. One that says nothing of
+    /// its lease (an older version) is taken as fresh.
+    pub async fn lease_fresh(&self, url: &str) -> Option<bool> {
+        let answer = tokio::time::timeout(PING_WAIT, self.pool.send_fresh(ping(url))).await;
+        let Ok(Ok(resp)) = answer else { return None };
+        Some(resp.headers().get(LEASE).is_none_or(|v| v == FRESH))
+    }
+}
+
+/// The answer to a ping: `200`, with whether this replica's lease is
+/// fresh ([`LEASE`]), and to a successor's question
 /// ([`LANDED`]) whether anything of this replica's can still land on the
 /// resource it names.
 pub fn answer(head: &http::request::Parts, gate: &Gate) -> Response<ProxyBody> {
     let mut resp = Response::new(crate::body::full(bytes::Bytes::new()));
+    if let Mode::Owners(c) | Mode::PerWrite(c) = gate.mode() {
+        let lease = if c.not_ready().is_none() {
+            FRESH
+        } else {
+            "lapsed"
+        };
+        resp.headers_mut()
+            .insert(LEASE, HeaderValue::from_static(lease));
+    }
     let asked = head.headers.get(LANDED).and_then(|v| v.to_str().ok());
     // Decoded strictly, not by `s3::query` (which would turn bad UTF-8
     // into U+FFFD): another name than the successor's would find no slot

@@ -91,15 +91,19 @@ impl Proxy {
         signed: &Signed<'_>,
         token: Option<u64>,
     ) -> Result<Route, S3Error> {
+        let admission_ends = Instant::now() + self.gate.wait_bound();
         let mut fenced = match self.admit_here(ctx, head, signed, token).await {
             Ok(fenced) => fenced,
             Err(e) => {
-                let Some(peer) = self.relay_to(signed.via, &e) else {
+                if let Some(peer) = self.relay_to(signed.via, &e).await {
+                    return Box::pin(self.relay(ctx, head, body, peer, e))
+                        .await
+                        .map(Route::AtOwner);
+                }
+                if !self.lease_back(&e, admission_ends).await {
                     return Err(e);
-                };
-                return Box::pin(self.relay(ctx, head, body, peer, e))
-                    .await
-                    .map(Route::AtOwner);
+                }
+                self.admit_here(ctx, head, signed, token).await?
             }
         };
         if fenced.owner.is_none() {
@@ -111,8 +115,10 @@ impl Proxy {
             let deadline = Instant::now() + self.gate.wait_bound();
             let mut body = self.replayable(head, body).await?;
             // The owner (and epoch) that answered `Moved`: not sent to
-            // again until etcd names another owner or epoch.
+            // again until etcd names another owner or epoch, or, when its
+            // own lease had lapsed then, until it says the lease is fresh.
             let mut moved_at: Option<(String, i64)> = None;
+            let mut owner_lapsed = false;
             let mut wait = MOVED_WAIT;
             let mut sends = 0;
             while let Some(owner) = fenced.owner.take() {
@@ -123,6 +129,11 @@ impl Proxy {
                     }
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(MOVED_WAIT_MAX);
+                    // Its lease back (an etcd election that outlasted every
+                    // lease ended), its tenure may stand again: once more.
+                    if owner_lapsed && self.owner_lease_fresh(&owner.0).await == Some(true) {
+                        (moved_at, owner_lapsed) = (None, false);
+                    }
                     self.gate.forget_owner(&resource);
                 } else if sends >= MAX_SENDS {
                     return Err(S3Error::SlowDown(format!(
@@ -141,7 +152,10 @@ impl Proxy {
                     match sent? {
                         Sent::Answered(resp) => return Ok(Route::AtOwner(resp)),
                         Sent::Unreached(b) => body = b,
-                        Sent::Moved(b) => (body, moved_at) = (b, Some(owner)),
+                        Sent::Moved(b) => {
+                            owner_lapsed = self.owner_lease_fresh(&owner.0).await == Some(false);
+                            (body, moved_at) = (b, Some(owner));
+                        }
                     }
                 }
                 fenced = self.admit_here(ctx, head, signed, token).await?;
@@ -172,11 +186,26 @@ impl Proxy {
         Ok(RequestBody::Whole(read.freeze()))
     }
 
+    /// Whether a request refused because this replica's lease lapsed (no
+    /// peer to relay it to, or relayed or forwarded here) may be admitted
+    /// again: the lease lapsed moments ago and is fresh again before
+    /// `deadline` (an etcd election that outlasted it, `lease.rs`).
+    async fn lease_back(&self, e: &S3Error, deadline: Instant) -> bool {
+        let (Mode::Owners(c) | Mode::PerWrite(c)) = self.gate.mode() else {
+            return false;
+        };
+        matches!(e, S3Error::ServiceUnavailable(_))
+            && c.not_ready().is_some()
+            && c.lease_back_by(deadline).await
+    }
+
     /// Where a request this replica cannot admit goes instead: to a peer,
-    /// when this replica is cut off from etcd (its lease not fresh) and
-    /// the request came from a client, not from another replica.
-    fn relay_to(&self, via: Via, e: &S3Error) -> Option<String> {
-        let Mode::Owners(c) = self.gate.mode() else {
+    /// when this replica is cut off from etcd (its lease not fresh), the
+    /// request came from a client, not from another replica, and the peer
+    /// says its own lease is fresh. (When every replica's lease lapsed, an
+    /// etcd election outlasting them, each waits for its own instead.)
+    async fn relay_to(&self, via: Via, e: &S3Error) -> Option<String> {
+        let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
             return None;
         };
         let from_client = via.forwarded.is_none() && !via.relayed;
@@ -184,7 +213,9 @@ impl Proxy {
         if !from_client || !unavailable || c.not_ready().is_none() {
             return None;
         }
-        c.some_peer()
+        let url = c.some_peer()?;
+        let fresh = peers.get(&url).ok()?.lease_fresh(&url).await;
+        (fresh == Some(true)).then_some(url)
     }
 }
 

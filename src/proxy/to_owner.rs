@@ -250,6 +250,16 @@ impl Proxy {
         Ok(Some(peer))
     }
 
+    /// Whether replica `owner` says its lease is fresh (a ping); `None`
+    /// when it cannot be asked.
+    pub(super) async fn owner_lease_fresh(&self, owner: &str) -> Option<bool> {
+        let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
+            return None;
+        };
+        let url = c.address_of(owner).await.ok()??;
+        peers.get(&url).ok()?.lease_fresh(&url).await
+    }
+
     /// The owner's answer: passed on, or, when it says `Moved` and the
     /// body can be sent again, [`Sent::Moved`] (nothing was done there).
     async fn owner_answered<B>(

@@ -277,6 +277,16 @@ impl EtcdCluster {
         }
     }
 
+    /// The process id of member `i`, while it runs: a test can stop it
+    /// (`SIGSTOP`) and let it go on (`SIGCONT`), as a stalled host would.
+    pub fn pid(&self, i: usize) -> i32 {
+        self.members[i]
+            .child
+            .as_ref()
+            .expect("a running member")
+            .id() as i32
+    }
+
     /// Starts member `i` again on its data.
     pub fn restart(&mut self, i: usize) {
         self.kill(i);

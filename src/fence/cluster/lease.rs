@@ -48,6 +48,8 @@ struct State {
 pub struct Lease {
     ttl: Duration,
     state: Mutex<State>,
+    /// Woken each time the lease is fresh again ([`Lease::fresh_within`]).
+    fresh_again: tokio::sync::Notify,
 }
 
 impl Lease {
@@ -59,6 +61,7 @@ impl Lease {
                 generation: 0,
                 safe_until: Duration::ZERO,
             }),
+            fresh_again: tokio::sync::Notify::new(),
         })
     }
 
@@ -113,29 +116,65 @@ impl Lease {
     fn renewed(&self, id: i64, sent: Duration, ttl: Duration) {
         let mut st = self.lock();
         if st.id == id {
+            if now() >= st.safe_until {
+                tracing::info!(
+                    lease = id,
+                    "cluster lease answered again: it stood all along"
+                );
+            }
             st.safe_until = sent + ttl - Self::margin(ttl);
         }
+        drop(st);
         metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(1.0);
+        self.fresh_again.notify_waiters();
     }
 
+    /// etcd said the lease is gone (or a new one is due): registrations
+    /// made under it are gone with it.
     fn lost(&self, why: &str) {
         let mut st = self.lock();
         if st.id != 0 {
-            tracing::warn!(
-                lease = st.id,
-                "cluster lease lost: {why}; writes in flight here fail"
-            );
+            tracing::warn!(lease = st.id, "cluster lease lost: {why}");
         }
         st.id = 0;
         metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(0.0);
     }
 
+    /// Waits, when the lease lapsed less than `patience` ago, until it is
+    /// fresh again (etcd answered its keep-alive, or granted a new one),
+    /// but not past `until`. Whether it is fresh. A lease that lapsed
+    /// longer ago (etcd unreachable for a while) is not waited for: the
+    /// request is answered `503` at once.
+    pub async fn fresh_within(&self, until: tokio::time::Instant, patience: Duration) -> bool {
+        loop {
+            let again = self.fresh_again.notified();
+            tokio::pin!(again);
+            again.as_mut().enable();
+            if self.current().is_some() {
+                return true;
+            }
+            let lapsed = self.lock().safe_until;
+            let Some(left) = (lapsed + patience).checked_sub(now()) else {
+                return false;
+            };
+            let stop = until.min(tokio::time::Instant::now() + left);
+            if tokio::time::timeout_at(stop, again).await.is_err() {
+                return self.current().is_some();
+            }
+        }
+    }
+
     /// Grants a lease and keeps it alive every `ttl / 5`, for as long as the
-    /// process runs. A lease that cannot be renewed in time is given up and
-    /// a new one granted: writes registered under the old one fail.
+    /// process runs. A lease whose keep-alives go unanswered past its
+    /// freshness has *lapsed*: writes in flight here fail, but the lease
+    /// may stand (etcd electing a leader extends every lease), so its
+    /// keep-alives go on; answered, the lease is fresh again, with every
+    /// key put under it. Only when etcd says it expired is a new one
+    /// granted: what was registered under the old one is gone.
     pub async fn keep(self: Arc<Self>, client: Client) {
         let secs = self.ttl.as_millis().div_ceil(1000).max(1) as i64;
         let every = self.ttl / 5;
+        let mut retry = Duration::from_millis(100);
         loop {
             let sent = now();
             let mut lc = client.lease_client();
@@ -143,10 +182,12 @@ impl Lease {
                 Ok(g) => g,
                 Err(e) => {
                     tracing::warn!("cluster: cannot get a lease: {e}");
-                    tokio::time::sleep(every).await;
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(every);
                     continue;
                 }
             };
+            retry = Duration::from_millis(100);
             let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
             {
                 let mut st = self.lock();
@@ -155,28 +196,36 @@ impl Lease {
                 st.safe_until = sent + ttl - Self::margin(ttl);
             }
             metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(1.0);
+            self.fresh_again.notify_waiters();
             let why = self.renew(&client, granted.id(), ttl, every).await;
             self.lost(&why);
         }
     }
 
-    /// Renews lease `id` until that fails past its freshness; says why.
+    /// Renews lease `id` until etcd says it has expired; says so.
     async fn renew(&self, client: &Client, id: i64, ttl: Duration, every: Duration) -> String {
         // After a failure (a member gone, an election) try again soon: the
         // lease must be renewed within its margin, not at the next tick.
         let soon = (every / 5).max(Duration::from_millis(100));
         let mut wait = every;
         let mut stream = None;
+        let mut lapsed = false;
         loop {
             tokio::time::sleep(wait).await;
             wait = soon;
-            if self.current().is_none() {
-                return "no keep-alive answered in time".into();
+            if self.current().is_none() && !std::mem::replace(&mut lapsed, true) {
+                tracing::warn!(
+                    lease = id,
+                    "cluster lease lapsed: no keep-alive answered in time; writes in flight \
+                     here fail, and etcd is still asked whether the lease stands"
+                );
+                metrics::gauge!(m::CLUSTER_LEASE_FRESH).set(0.0);
             }
             if stream.is_none() {
                 let mut lc = client.lease_client();
                 match super::call("keep_alive", lc.keep_alive(id)).await {
                     Ok(s) => stream = Some(s),
+                    Err(e) if expired(&e) => return format!("etcd says it has expired ({e})"),
                     Err(e) => {
                         tracing::debug!("cluster: keep-alive stream: {e}");
                         continue;
@@ -193,13 +242,22 @@ impl Lease {
             match answer {
                 Ok(Ok(Some(a))) if a.ttl() > 0 => {
                     self.renewed(id, sent, ttl.min(Duration::from_secs(a.ttl() as u64)));
-                    wait = every;
+                    (wait, lapsed) = (every, false);
                 }
-                Ok(Ok(Some(_))) => return "etcd says the lease has expired".into(),
+                Ok(Ok(Some(_))) => return "etcd says it has expired".into(),
+                Ok(Err(e)) if expired(&super::etcd(&e)) => {
+                    return format!("etcd says it has expired ({e})");
+                }
                 _ => stream = None,
             }
         }
     }
+}
+
+/// Whether etcd's answer to a keep-alive says the lease is gone: the
+/// client reads an answer with no time left as this error.
+fn expired(e: &super::ClusterError) -> bool {
+    e.to_string().contains("lease not found")
 }
 
 #[cfg(test)]

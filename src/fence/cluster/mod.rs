@@ -363,6 +363,13 @@ impl Cluster {
         }
     }
 
+    /// Whether the lease, lapsed moments ago (within [`ADMIT_RETRY_FOR`]),
+    /// is fresh again before `deadline`: an election that outlasted it ended
+    /// and etcd answered. An admission refused meanwhile may be tried again.
+    pub async fn lease_back_by(&self, deadline: tokio::time::Instant) -> bool {
+        self.lease.fresh_within(deadline, ADMIT_RETRY_FOR).await
+    }
+
     /// A registration for a write of `token` on `resource`, under the
     /// current lease.
     pub fn registration(

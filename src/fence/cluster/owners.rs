@@ -163,6 +163,14 @@ impl Cluster {
         self.lease.fresh(tenure.generation)
     }
 
+    /// Whether `tenure` may stand again: its lease lapsed (etcd did not
+    /// answer in time) but is not known gone (`lease.rs`). Its owner key
+    /// stays in etcd for as long as the lease does, so nobody else can take
+    /// the resource meanwhile.
+    pub fn tenure_may_return(&self, tenure: &Tenure) -> bool {
+        self.lease.is_current(tenure.generation)
+    }
+
     /// How long a new owner waits after its predecessor's lease expired.
     pub fn expired_hold(&self) -> Duration {
         self.expired_hold

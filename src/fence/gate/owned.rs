@@ -164,11 +164,15 @@ impl Gate {
         self.owned_here(c, &slot).map(|o| o.tenure.epoch)
     }
 
-    /// This replica's standing ownership of `slot`, if any.
+    /// This replica's standing ownership of `slot`, if any. One that lapsed
+    /// with the lease is kept (not standing) while etcd may yet answer that
+    /// the lease stood all along: it stands again then, and a request
+    /// forwarded here at its epoch is admitted rather than `Moved`.
     pub(super) fn owned_here(&self, c: &Cluster, slot: &Slot) -> Option<Owned> {
         let mut st = slot.lock();
         match st.owned {
             Some(o) if c.tenure_stands(&o.tenure) => Some(o),
+            Some(o) if c.tenure_may_return(&o.tenure) => None,
             Some(_) => {
                 st.owned = None;
                 None
