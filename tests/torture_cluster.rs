@@ -221,15 +221,16 @@ fn report(arms: &[Arc<Workload>], r: &Results, sends: Sends) -> String {
     out
 }
 
-fn verdict(
+/// The arms that must stay clean: the cluster (serving at least half its
+/// requests: one that refused everything would be clean too) and the
+/// single node.
+fn verdict_clean(
     Results {
         cluster: fenced,
-        control,
         single,
         ..
     }: &Results,
 ) {
-    // A cluster that refused everything would have no violation either.
     assert!(
         fenced.counts.ok * 2 >= fenced.counts.ops,
         "the cluster arm served only {} of {} requests",
@@ -248,12 +249,11 @@ fn verdict(
         single.violations.len(),
         &single.violations[..single.violations.len().min(20)]
     );
-    assert!(
-        !control.violations.is_empty(),
-        "INCONCLUSIVE: the control arm (replicas with their own fences) found no violation"
-    );
-    println!("cluster torture verdict: PASS (cluster arm clean, control arm caught violations)");
 }
+
+/// The control arm (replicas with their own fences) must show violations,
+/// or the faults did not test the fence: the rounds together must show one.
+const CONTROL_ROUNDS: u64 = 3;
 
 fn seed() -> u64 {
     let seed = env_u64("TORTURE_SEED").unwrap_or(0xc1_05_7e_12);
@@ -268,9 +268,32 @@ async fn cluster_short_run() {
         ops: u64::MAX,
     };
     // Twice the long run's faults: in 60 s the control arm must still show
-    // its violations, even on a loaded machine.
-    let results = run_arms(budget, (seed(), 0.08), "cluster-short").await;
-    verdict(&results);
+    // its violations, even on a loaded machine. When a round's control arm
+    // stays clean (the stale writes all met a replica that had seen the
+    // newer token: chance and timing), the run goes on with another round
+    // on the next seed, every round's cluster and single arms judged.
+    let first = seed();
+    for round in 0..CONTROL_ROUNDS {
+        let seed = first.wrapping_add(round);
+        let results = run_arms(budget, (seed, 0.08), "cluster-short").await;
+        verdict_clean(&results);
+        if !results.control.violations.is_empty() {
+            println!(
+                "cluster torture verdict: PASS (cluster arm clean, control arm caught \
+                 violations in round {})",
+                round + 1
+            );
+            return;
+        }
+        println!(
+            "round {}: the control arm found no violation; another round",
+            round + 1
+        );
+    }
+    panic!(
+        "INCONCLUSIVE: the control arm (replicas with their own fences) found no violation \
+         in {CONTROL_ROUNDS} rounds"
+    );
 }
 
 /// ≥ 10,000 requests through the cluster arm (scripts/torture-cluster).
@@ -316,5 +339,10 @@ async fn cluster_long_run() {
         "only {} requests",
         r.cluster.counts.ops
     );
-    verdict(&r);
+    verdict_clean(&r);
+    assert!(
+        !r.control.violations.is_empty(),
+        "INCONCLUSIVE: the control arm (replicas with their own fences) found no violation"
+    );
+    println!("cluster torture verdict: PASS (cluster arm clean, control arm caught violations)");
 }

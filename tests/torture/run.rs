@@ -30,6 +30,7 @@ pub fn out_dir() -> PathBuf {
 }
 
 /// When to stop: after `secs`, or once the first arm made `ops` requests.
+#[derive(Clone, Copy)]
 pub struct Budget {
     pub secs: u64,
     pub ops: u64,
