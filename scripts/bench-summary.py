@@ -9,12 +9,13 @@ The fencegate/nginx table (between `<!-- ratios:begin -->` and
 `<!-- ratios:end -->`): fencegate's throughput and CPU per request each
 divided by nginx's in the same run, from three results files: reads on the
 embedded store beside nginx serving the file (scripts/bench-store,
-docs/bench-store-reads-results.jsonl, pooled as below); PUTs in front of
-Garage beside nginx proxying to it (scripts/bench, docs/bench-results.jsonl,
-pooled as scripts/bench-report.py does); and the proxy alone in front of the
-sink beside nginx proxying to it (scripts/bench-wrk,
-docs/bench-wrk-sink-results.jsonl and, for LIST,
-docs/bench-wrk-list-results.jsonl, pooled as scripts/bench-wrk does).
+docs/bench-store-reads-keys-results.jsonl, pooled as below); PUTs in front
+of Garage beside nginx proxying to it (scripts/bench,
+docs/bench-results.jsonl, pooled as scripts/bench-report.py does); and the
+proxy alone in front of the sink beside nginx proxying to it
+(scripts/bench-wrk with a ladder of the release and the PGO build,
+docs/bench-wrk-pgo-keys-2-results.jsonl, pooled as scripts/bench-wrk does),
+a row for each build.
 
 The summary table (the default RESULTS): per setup (the default, fencegate on its
 embedded store; fencegate in front of Garage), op and concurrency, the
@@ -34,8 +35,8 @@ RESULTS = "docs/bench-store-reads-results.jsonl"
 BEGIN, END = "<!-- summary:begin -->", "<!-- summary:end -->"
 RATIOS_BEGIN, RATIOS_END = "<!-- ratios:begin -->", "<!-- ratios:end -->"
 BENCH = "docs/bench-results.jsonl"
-WRK = "docs/bench-wrk-sink-results.jsonl"
-WRK_LIST = "docs/bench-wrk-list-results.jsonl"
+READS = "docs/bench-store-reads-keys-results.jsonl"
+WRK = "docs/bench-wrk-pgo-keys-2-results.jsonl"
 
 # (setup, store measured, store alone it is set beside)
 SETUPS = [
@@ -126,11 +127,11 @@ def micros(v):
     return f"{v:,.0f}" if v >= 1000 else f"{v:.1f}"
 
 
-def ratios(store_results=RESULTS):
+def ratios():
     """fencegate against nginx, in the same run, from the three results files."""
     rows = []
     by = defaultdict(list)
-    for line in open(store_results):
+    for line in open(READS):
         r = json.loads(line)
         if "phase" in r.get("tags", {}) or r.get("size_name") != "4KiB":
             continue
@@ -147,14 +148,16 @@ def ratios(store_results=RESULTS):
             if f and n:
                 rows.append(("in front of Garage",
                              f"PUT {size[:-3]} {size[-3:]}", c, f, n, "B"))
-    for path, form, what in ((WRK, "presigned", "PUT 4 KiB, presigned"),
-                             (WRK, "sha256", "PUT 4 KiB, header-signed"),
-                             (WRK, "get", "GET 4 KiB"),
-                             (WRK_LIST, "list", "LIST, empty")):
-        f, n = wrk_pooled(path, form, "fencegate"), wrk_pooled(path, form, "nginx")
-        if f and n:
-            rows.append(("in front of the sink",
-                         what, 32, f, n, "C"))
+    for build, setup in (("release", "in front of the sink"),
+                         ("pgo", "in front of the sink, PGO build")):
+        for form, what in (("presigned", "PUT 4 KiB, presigned"),
+                           ("sha256", "PUT 4 KiB, header-signed"),
+                           ("get", "GET 4 KiB"),
+                           ("list", "LIST, empty")):
+            f = wrk_pooled(WRK, form, f"fencegate:{build}")
+            n = wrk_pooled(WRK, form, "nginx")
+            if f and n:
+                rows.append((setup, what, 32, f, n, "C"))
     out = [
         "| setup | op | c | req/s: fencegate ÷ nginx | CPU µs/req: fencegate ÷ nginx | run |",
         "|---|---|---|---|---|---|",
@@ -187,7 +190,7 @@ def main():
         text = open(args[1]).read()
         results = args[2] if len(args) > 2 else RESULTS
         ok = check_block(args[1], text, BEGIN, END, table(results), "summary table")
-        ok &= check_block(args[1], text, RATIOS_BEGIN, RATIOS_END, ratios(results),
+        ok &= check_block(args[1], text, RATIOS_BEGIN, RATIOS_END, ratios(),
                           "fencegate/nginx table")
         return 0 if ok else 1
     if args[:1] == ["--ratios"]:
