@@ -9,9 +9,8 @@
 
 use super::GenBody;
 use super::report::{Report, Tally};
-use crate::s3::auth::Signing;
 use crate::s3::headers::{X_AMZ_CONTENT_SHA256, X_AMZ_DATE};
-use crate::s3::signing_key::{SigningKey, signing_key};
+use crate::s3::signing_key::{KeyCache, signing_key};
 use crate::s3::sigv4::{self, EMPTY_SHA256};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
@@ -124,11 +123,28 @@ struct Signer {
     host: String,
     /// `(lower-case name, value)` of the token header, if any.
     token: Option<(String, String)>,
+    /// The day's key and the second's begun signature, as the proxy keeps
+    /// them.
+    keys: KeyCache,
+    /// The second `stamp` is for, and its `(x-amz-date, scope)`.
     second: u64,
-    signing: Option<Signing>,
+    stamp: (String, String),
 }
 
 impl Signer {
+    fn new(access_key: &str, secret_key: &str, region: &str, host: &str) -> Signer {
+        Signer {
+            access_key: access_key.into(),
+            secret_key: secret_key.into(),
+            region: region.into(),
+            host: host.into(),
+            token: None,
+            keys: KeyCache::default(),
+            second: 0,
+            stamp: Default::default(),
+        }
+    }
+
     /// The `x-amz-date` and `Authorization` values for a request.
     fn sign(&mut self, method: &str, path: &str, content_sha: &str) -> (String, String) {
         let now = SystemTime::now()
@@ -146,31 +162,17 @@ impl Signer {
         path: &str,
         content_sha: &str,
     ) -> (String, String) {
-        if self.signing.is_none() || self.second != now {
+        if self.stamp.0.is_empty() || self.second != now {
             let date = sigv4::amz_date(now);
-            let day = &date[..8];
-            let reuse_key = self
-                .signing
-                .as_ref()
-                .filter(|s| s.scope.starts_with(day))
-                .map(|s| s.key.clone());
-            let key = reuse_key.unwrap_or_else(|| {
-                SigningKey::new(&signing_key(&self.secret_key, day, &self.region, "s3"))
-            });
-            self.signing = Some(Signing {
-                key,
-                scope: format!("{day}/{}/s3/aws4_request", self.region),
-                amz_date: date,
-                seed_signature: String::new(),
-            });
-            self.second = now;
+            let scope = format!("{}/{}/s3/aws4_request", &date[..8], self.region);
+            (self.second, self.stamp) = (now, (date, scope));
         }
-        let s = self.signing.as_ref().expect("set above");
+        let (amz_date, scope) = &self.stamp;
         let (sha_name, date_name) = (X_AMZ_CONTENT_SHA256, X_AMZ_DATE);
         let mut headers = vec![
             ("host", self.host.as_str()),
             (sha_name.as_str(), content_sha),
-            (date_name.as_str(), s.amz_date.as_str()),
+            (date_name.as_str(), amz_date.as_str()),
         ];
         if let Some((name, value)) = &self.token {
             headers.push((name.as_str(), value.as_str()));
@@ -186,19 +188,15 @@ impl Signer {
             .collect::<Vec<_>>()
             .join(";");
         canonical.push_str(&format!("\n{signed_headers}\n{content_sha}"));
-        let to_sign = format!(
-            "AWS4-HMAC-SHA256\n{}\n{}\n{}",
-            s.amz_date,
-            s.scope,
-            sigv4::sha256_hex(canonical.as_bytes())
-        );
+        let day = &amz_date[..8];
+        let derive = || signing_key(&self.secret_key, day, &self.region, "s3");
+        let started = self.keys.start(scope, amz_date, derive);
         let authorization = format!(
-            "AWS4-HMAC-SHA256 Credential={}/{},SignedHeaders={signed_headers},Signature={}",
+            "AWS4-HMAC-SHA256 Credential={}/{scope},SignedHeaders={signed_headers},Signature={}",
             self.access_key,
-            s.scope,
-            s.sign(&to_sign)
+            sigv4::hex_lower(&started.finish(canonical.as_bytes()))
         );
-        (s.amz_date.clone(), authorization)
+        (amz_date.clone(), authorization)
     }
 }
 
@@ -355,15 +353,15 @@ impl Worker {
         Worker {
             plan: plan.clone(),
             signer: Signer {
-                access_key: a.access_key.clone(),
-                secret_key: a.secret_key.clone(),
-                region: a.region.clone(),
-                host: plan.base.trim_start_matches("http://").to_string(),
                 token: a
                     .token
                     .map(|t| (a.token_header.to_ascii_lowercase(), t.to_string())),
-                second: 0,
-                signing: None,
+                ..Signer::new(
+                    &a.access_key,
+                    &a.secret_key,
+                    &a.region,
+                    plan.base.trim_start_matches("http://"),
+                )
             },
             key: sigv4::canonical_uri(&key),
             token: a.token.map(HeaderValue::from),
@@ -485,15 +483,7 @@ mod tests {
     use crate::s3::auth;
 
     fn signer(secret: &str) -> Signer {
-        Signer {
-            access_key: "AK".into(),
-            secret_key: secret.into(),
-            region: "us-east-1".into(),
-            host: "127.0.0.1:9000".into(),
-            token: None,
-            second: 0,
-            signing: None,
-        }
+        Signer::new("AK", secret, "us-east-1", "127.0.0.1:9000")
     }
 
     /// fencegate's verifier on a GET of /b/k signed as `(date, authorization)`.
@@ -529,5 +519,19 @@ mod tests {
     fn signatures_verify_with_fencegate_verifier() {
         let signed = signer("SK").sign("GET", "/b/k", EMPTY_SHA256);
         verify_get(&credentials(), signed, SystemTime::now()).unwrap();
+    }
+
+    /// The kept timestamp, key and begun signature follow the clock: twice
+    /// in one second, then the next second, the next day and an hour on
+    /// (a stale timestamp would be an hour off, past the allowed skew).
+    #[test]
+    fn signatures_over_seconds_and_days_verify() {
+        let mut s = signer("SK");
+        let midnight = 1_795_000_000 - 1_795_000_000 % 86_400;
+        for now in [midnight - 1, midnight - 1, midnight, midnight + 3600] {
+            let at = UNIX_EPOCH + Duration::from_secs(now);
+            let signed = s.sign_at(now, "GET", "/b/k", EMPTY_SHA256);
+            verify_get(&credentials(), signed, at).unwrap();
+        }
     }
 }
