@@ -406,17 +406,7 @@ async fn losing_one_etcd_member_keeps_everything_working() {
     // The default lease (5 s): a leader election (about a second here)
     // must not make a replica doubt its lease. With 2 s it can, and then
     // writes in flight fail with 503 while etcd elects.
-    let backend = be.as_fencegate_backend();
-    let fg: Vec<_> = (0..2)
-        .map(|_| {
-            replica_with(
-                &backend,
-                &etcd.endpoints_toml(),
-                "admission_wait_ms = 8000",
-                5000,
-            )
-        })
-        .collect();
+    let fg = default_lease_pair(&be, &etcd, 8000);
     let a = RawClient::new(&fg[0].endpoint());
     let b = RawClient::new(&fg[1].endpoint());
     assert_eq!(
@@ -450,25 +440,25 @@ async fn losing_one_etcd_member_keeps_everything_working() {
     assert_eq!(ready_status(&fg[1]), 200);
 }
 
+/// Two replicas with the default lease (5 s) and `wait_ms` of admission
+/// wait.
+fn default_lease_pair(be: &TestBackend, etcd: &EtcdCluster, wait_ms: u64) -> Vec<Fencegate> {
+    let backend = be.as_fencegate_backend();
+    let wait = format!("admission_wait_ms = {wait_ms}");
+    (0..2)
+        .map(|_| replica_with(&backend, &etcd.endpoints_toml(), &wait, 5000))
+        .collect()
+}
+
 /// An election that outlasts every replica's lease (etcd's survivors
 /// stalled, as on a host starved of CPU or disk): the writes sent meanwhile
-/// wait for the replicas' new leases and land, in token order, none lost
-/// and none answered 503.
+/// wait until etcd answers the replicas' keep-alives again and land, in
+/// token order, none lost and none answered 503.
 #[tokio::test]
 async fn an_election_longer_than_the_leases_stalls_writes_and_loses_none() {
     let mut etcd = EtcdCluster::start();
     let be = TestBackend::start().await;
-    let backend = be.as_fencegate_backend();
-    let fg: Vec<_> = (0..2)
-        .map(|_| {
-            replica_with(
-                &backend,
-                &etcd.endpoints_toml(),
-                "admission_wait_ms = 20000",
-                5000,
-            )
-        })
-        .collect();
+    let fg = default_lease_pair(&be, &etcd, 20_000);
     let a = Arc::new(RawClient::new(&fg[0].endpoint()));
     let b = Arc::new(RawClient::new(&fg[1].endpoint()));
     let put = |via: &Arc<RawClient>, body: &'static str, t: u64| {
