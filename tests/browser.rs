@@ -115,6 +115,9 @@ impl Browser {
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg(url)
+            // Its own temporary files (org.chromium.Chromium.*) go with
+            // the profile, not into /tmp for good.
+            .env("TMPDIR", profile.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
