@@ -245,7 +245,7 @@ impl Lease {
                     (wait, lapsed) = (every, false);
                 }
                 Ok(Ok(Some(_))) => return "etcd says it has expired".into(),
-                Ok(Err(e)) if expired(&super::etcd(&e)) => {
+                Ok(Err(e)) if expired(&e) => {
                     return format!("etcd says it has expired ({e})");
                 }
                 _ => stream = None,
@@ -256,7 +256,7 @@ impl Lease {
 
 /// Whether etcd's answer to a keep-alive says the lease is gone: the
 /// client reads an answer with no time left as this error.
-fn expired(e: &super::ClusterError) -> bool {
+fn expired(e: &impl std::fmt::Display) -> bool {
     e.to_string().contains("lease not found")
 }
 
