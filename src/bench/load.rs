@@ -126,9 +126,8 @@ struct Signer {
     /// The day's key and the second's begun signature, as the proxy keeps
     /// them.
     keys: KeyCache,
-    /// The second `stamp` is for, and its `(x-amz-date, scope)`.
-    second: u64,
-    stamp: (String, String),
+    /// The second last signed in, with its `x-amz-date` and scope.
+    stamp: Option<(u64, String, String)>,
 }
 
 impl Signer {
@@ -140,8 +139,7 @@ impl Signer {
             host: host.into(),
             token: None,
             keys: KeyCache::default(),
-            second: 0,
-            stamp: Default::default(),
+            stamp: None,
         }
     }
 
@@ -162,12 +160,16 @@ impl Signer {
         path: &str,
         content_sha: &str,
     ) -> (String, String) {
-        if self.stamp.0.is_empty() || self.second != now {
+        if self
+            .stamp
+            .as_ref()
+            .is_none_or(|(second, ..)| *second != now)
+        {
             let date = sigv4::amz_date(now);
             let scope = format!("{}/{}/s3/aws4_request", &date[..8], self.region);
-            (self.second, self.stamp) = (now, (date, scope));
+            self.stamp = Some((now, date, scope));
         }
-        let (amz_date, scope) = &self.stamp;
+        let (_, amz_date, scope) = self.stamp.as_ref().expect("set above");
         let (sha_name, date_name) = (X_AMZ_CONTENT_SHA256, X_AMZ_DATE);
         let mut headers = vec![
             ("host", self.host.as_str()),
