@@ -176,13 +176,7 @@ fn two_arms(
 /// The verdict: no violation through fencegate, at least one in the control
 /// arm (otherwise the run could not have caught anything: inconclusive).
 fn verdict(fenced: &ArmResult, control: &ArmResult) {
-    assert!(
-        fenced.violations.is_empty(),
-        "{} violation(s) through fencegate (arm {}): {:#?}",
-        fenced.violations.len(),
-        fenced.arm,
-        &fenced.violations[..fenced.violations.len().min(20)]
-    );
+    assert_clean(fenced);
     assert!(
         !control.violations.is_empty(),
         "INCONCLUSIVE: the control arm ({}) found no violation, so this run shows nothing \
@@ -192,6 +186,17 @@ fn verdict(fenced: &ArmResult, control: &ArmResult) {
     println!(
         "torture verdict: PASS ({} arm clean, {} arm caught violations)",
         fenced.arm, control.arm
+    );
+}
+
+/// No violation through fencegate.
+fn assert_clean(fenced: &ArmResult) {
+    assert!(
+        fenced.violations.is_empty(),
+        "{} violation(s) through fencegate (arm {}): {:#?}",
+        fenced.violations.len(),
+        fenced.arm,
+        &fenced.violations[..fenced.violations.len().min(20)]
     );
 }
 

@@ -56,7 +56,7 @@ use common::fencegate::{DEMO_KEY, DEMO_SECRET};
 use common::garage::Garage;
 use history::History;
 use rig::{Faults, Store, chaos, replicas, settings};
-use run::{ArmResult, Budget, drive, env_u64, judge};
+use run::{ArmResult, Budget, drive, env_u64, judge, until_the_control_catches};
 use sends::Sends;
 use std::sync::Arc;
 use std::time::Instant;
@@ -251,10 +251,6 @@ fn verdict_clean(
     );
 }
 
-/// The control arm (replicas with their own fences) must show violations,
-/// or the faults did not test the fence: the rounds together must show one.
-const CONTROL_ROUNDS: u64 = 3;
-
 fn seed() -> u64 {
     let seed = env_u64("TORTURE_SEED").unwrap_or(0xc1_05_7e_12);
     println!("torture seed={seed} (TORTURE_SEED repeats the random choices; timing still varies)");
@@ -272,28 +268,12 @@ async fn cluster_short_run() {
     // stays clean (the stale writes all met a replica that had seen the
     // newer token: chance and timing), the run goes on with another round
     // on the next seed, every round's cluster and single arms judged.
-    let first = seed();
-    for round in 0..CONTROL_ROUNDS {
-        let seed = first.wrapping_add(round);
+    until_the_control_catches(seed(), "control", |seed| async move {
         let results = run_arms(budget, (seed, 0.08), "cluster-short").await;
         verdict_clean(&results);
-        if !results.control.violations.is_empty() {
-            println!(
-                "cluster torture verdict: PASS (cluster arm clean, control arm caught \
-                 violations in round {})",
-                round + 1
-            );
-            return;
-        }
-        println!(
-            "round {}: the control arm found no violation; another round",
-            round + 1
-        );
-    }
-    panic!(
-        "INCONCLUSIVE: the control arm (replicas with their own fences) found no violation \
-         in {CONTROL_ROUNDS} rounds"
-    );
+        results.control.violations.len()
+    })
+    .await;
 }
 
 /// ≥ 10,000 requests through the cluster arm (scripts/torture-cluster).

@@ -51,7 +51,7 @@ use common::moto::Moto;
 use history::History;
 use late_apply::{LateApply, LateConfig};
 use rig::{Faults, Replicas, Store, chaos, replicas, settings};
-use run::{ArmResult, Budget, drive, env_u64, judge};
+use run::{ArmResult, Budget, drive, env_u64, judge, until_the_control_catches};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
@@ -179,10 +179,20 @@ fn late() -> LateConfig {
 
 const FENCE: &str = "[fence]\nadmission_wait_ms = 3000\nquarantine_ms = 3500\n";
 
+/// The forgotten arm's violations take a late write that outlives its
+/// replica and lands over a newer one: chance and timing. A round in which
+/// it caught nothing is followed by another on the next seed, with fresh
+/// services, every round's cluster arm judged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_crash_run() {
-    let seed = seed();
     let secs = env_u64("TORTURE_SECS").unwrap_or(45);
+    until_the_control_catches(seed(), "forgotten", |seed| crash_round(seed, secs)).await;
+}
+
+/// One round of `cluster_crash_run`: asserts the cluster arm clean and
+/// returns the forgotten arm's violations.
+async fn crash_round(seed: u64, secs: u64) -> usize {
+    println!("round seed={seed}");
     let locks = Etcd::start();
     let fences = EtcdCluster::start();
     let under = store_under(Kind::Garage, Some(late()), seed).await;
@@ -243,12 +253,7 @@ async fn cluster_crash_run() {
         fixed.violations.len(),
         &fixed.violations[..fixed.violations.len().min(20)]
     );
-    assert!(
-        !without.violations.is_empty(),
-        "INCONCLUSIVE: the replicas that forget what their previous process left in flight \
-         showed no violation"
-    );
-    println!("cluster crash verdict: PASS (cluster arm clean, forgotten arm caught violations)");
+    without.violations.len()
 }
 
 /// The completed requests of one cluster arm under the faults of

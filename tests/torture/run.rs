@@ -168,3 +168,36 @@ pub async fn judge(arm: &Workload, reader: &aws_sdk_s3::Client, file_stem: &str)
     println!("  history: {}", path.display());
     r
 }
+
+/// At most how many rounds a slice runs while its control arm catches
+/// nothing. A control arm's violations take chance and timing (a stale
+/// write must meet a store that has not yet seen the newer one), so one
+/// clean round can happen on a loaded machine; three in a row mean the
+/// faults no longer test the fence.
+pub const CONTROL_ROUNDS: u64 = 3;
+
+/// Runs `round` with the seeds `first`, `first + 1`, … until one returns
+/// a control arm's violations, at most [`CONTROL_ROUNDS`] times. Each
+/// round starts its own services and asserts its own clean arms; the
+/// control arm (`control` names it) only has to catch something once.
+pub async fn until_the_control_catches<F, Fut>(first: u64, control: &str, mut round: F)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    for n in 1..=CONTROL_ROUNDS {
+        let caught = round(first.wrapping_add(n - 1)).await;
+        if caught > 0 {
+            println!(
+                "torture verdict: PASS (the clean arms clean, the {control} arm caught \
+                 {caught} violation(s) in round {n})"
+            );
+            return;
+        }
+        println!("round {n}: the {control} arm found no violation");
+    }
+    panic!(
+        "INCONCLUSIVE: the {control} arm found no violation in {CONTROL_ROUNDS} rounds, so \
+         this run shows nothing about fencegate; make the faults more frequent or the run longer"
+    );
+}
