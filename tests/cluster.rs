@@ -481,6 +481,15 @@ async fn an_election_longer_than_the_leases_stalls_writes_and_loses_none() {
     let two = put(&a, "2", 2);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let three = put(&b, "3", 3);
+    // A DeleteObjects takes its own admission, after its body: it waits too.
+    let mut delete = RawRequest::new(http::Method::POST, "/demo");
+    delete.query = "delete".into();
+    let keys = "<Delete><Object><Key>gone</Key></Object></Delete>";
+    delete.body = Some(Source::bytes(keys.to_string()));
+    let deleted = {
+        let b = b.clone();
+        tokio::spawn(async move { b.send(delete.token(2)).await })
+    };
     tokio::time::sleep(Duration::from_millis(5500)).await;
     for &pid in &survivors {
         unsafe { libc::kill(pid, libc::SIGCONT) };
@@ -499,6 +508,14 @@ async fn an_election_longer_than_the_leases_stalls_writes_and_loses_none() {
         two.body
     );
     assert_eq!(be.object("demo", "k").unwrap(), Bytes::from_static(b"3"));
+    let deleted = deleted.await.unwrap().unwrap();
+    assert_eq!(deleted.status, 200, "DeleteObjects: {}", deleted.body);
+    assert!(!deleted.body.contains("<Error>"), "{}", deleted.body);
+    let posted = be
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::Start { method, .. } if method == "POST"));
+    assert!(posted, "the DeleteObjects never reached the store");
     let r = a.send(RawRequest::put("/demo/k", "old").token(2)).await;
     let r = r.unwrap();
     assert_eq!((r.status, r.code()), (409, Some("StaleFencingToken")));

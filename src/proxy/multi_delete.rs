@@ -28,6 +28,7 @@ use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 /// HEADs of conditional keys on their way at once.
 const HEADS_AT_ONCE: usize = 8;
@@ -91,6 +92,7 @@ impl Proxy {
         out: &mut Outgoing,
         ctx: &mut RequestCtx,
     ) -> Result<MultiDelete, S3Error> {
+        let admission_ends = Instant::now() + self.gate.wait_bound();
         let (op, token) = (&admitted.op, admitted.fenced.token);
         let session = admitted.verified.session.as_deref();
         let bucket = op.bucket.as_deref().unwrap_or_default();
@@ -103,7 +105,16 @@ impl Proxy {
                 let t = token.ok_or_else(|| S3Error::MissingFencingToken(first.clone()))?;
                 let named = format!("{first} (+{} more)", resources.len() - 1);
                 ctx.resource = Some(named.clone());
-                match self.admit_all(&resources, t).await? {
+                // Refused because the lease lapsed (an etcd election that
+                // outlasted it): admitted once it is fresh again, as a
+                // single write is (`route`).
+                let all = match self.admit_all(&resources, t).await {
+                    Err(e) if self.lease_back(&e, admission_ends).await => {
+                        self.admit_all(&resources, t).await
+                    }
+                    all => all,
+                };
+                match all? {
                     AdmittedAll::Here(permits) => permits,
                     AdmittedAll::AtOwner(owner, epoch) => {
                         let owner = (owner, epoch);

@@ -190,7 +190,7 @@ impl Proxy {
     /// peer to relay it to, or relayed or forwarded here) may be admitted
     /// again: the lease lapsed moments ago and is fresh again before
     /// `deadline` (an etcd election that outlasted it, `lease.rs`).
-    async fn lease_back(&self, e: &S3Error, deadline: Instant) -> bool {
+    pub(super) async fn lease_back(&self, e: &S3Error, deadline: Instant) -> bool {
         let (Mode::Owners(c) | Mode::PerWrite(c)) = self.gate.mode() else {
             return false;
         };
