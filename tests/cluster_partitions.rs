@@ -17,7 +17,7 @@
 //!   nothing of its own is in flight there (a quarantine of 600 s would
 //!   refuse it otherwise);
 //! - a replica cut off from etcd relays a write it cannot admit to a peer,
-//!   which admits it.
+//!   which admits it; a DeleteObjects too.
 
 mod common;
 
@@ -195,7 +195,23 @@ async fn a_replica_cut_off_from_etcd_relays_what_it_cannot_admit_to_a_peer() {
     assert_eq!(be.object("demo", "fresh").as_deref(), Some(&b"v1"[..]));
     let r = ca.send(put("fresh", 0)).await.unwrap();
     assert_eq!(r.status, 409, "{}", r.body);
+    // A DeleteObjects, admitted after its body was read, is relayed too;
+    // B admits it, and refuses it when its token is stale.
+    let r = ca.send(delete_objects("fresh", 2)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains("<Error>"), "{}", r.body);
+    let r = ca.send(delete_objects("fresh", 1)).await.unwrap();
+    assert_eq!(r.code(), Some("StaleFencingToken"), "{}", r.body);
     relays.iter().for_each(|r| r.freeze(false));
+}
+
+/// A DeleteObjects of `key` with token `t`.
+fn delete_objects(key: &str, t: u64) -> RawRequest {
+    let mut r = RawRequest::new(http::Method::POST, "/demo");
+    r.query = "delete".into();
+    let body = format!("<Delete><Object><Key>{key}</Key></Object></Delete>");
+    r.body = Some(common::raw::Source::bytes(body));
+    r.token(t)
 }
 
 /// The measurement behind docs/cluster.md's restart figure (ignored: a

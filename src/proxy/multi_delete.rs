@@ -51,7 +51,7 @@ pub(super) struct MultiDelete {
 }
 
 impl MultiDelete {
-    /// Nothing done here: the request goes to the owner.
+    /// Nothing done here: the request goes to another replica.
     fn elsewhere(to: Elsewhere) -> Self {
         MultiDelete {
             permits: Vec::new(),
@@ -64,22 +64,31 @@ impl MultiDelete {
     }
 }
 
-/// A DeleteObjects whose keys' resources another replica owns.
+/// A DeleteObjects that another replica admits.
 pub(super) struct Elsewhere {
-    /// The owner, and its epoch.
-    pub owner: (String, i64),
+    pub to: To,
     /// The resources, as the log line names them.
     pub resources: String,
     /// The body read.
     pub body: Bytes,
 }
 
+/// Which replica admits a DeleteObjects, when this one does not.
+pub(super) enum To {
+    /// The owner of the keys' resources, and its epoch.
+    Owner(String, i64),
+    /// A peer whose lease is fresh, this replica being cut off from etcd
+    /// (`route`'s relay), and the refusal to answer if it is not reached.
+    Peer(String, S3Error),
+}
+
 /// What [`Proxy::admit_all`] got.
 enum AdmittedAll {
     Here(Vec<Permit>),
     /// The first resource is owned by another replica (its name), at
-    /// this epoch.
-    AtOwner(String, i64),
+    /// this epoch; or this replica is cut off from etcd, and a peer
+    /// whose lease is fresh may admit it.
+    Elsewhere(To),
 }
 
 impl Proxy {
@@ -105,21 +114,25 @@ impl Proxy {
                 let t = token.ok_or_else(|| S3Error::MissingFencingToken(first.clone()))?;
                 let named = format!("{first} (+{} more)", resources.len() - 1);
                 ctx.resource = Some(named.clone());
-                // Refused because the lease lapsed (an etcd election that
-                // outlasted it): admitted once it is fresh again, as a
-                // single write is (`route`).
+                // Refused because the lease lapsed, as a single write in
+                // `route`: relayed to a peer whose lease is fresh (this
+                // replica cut off), or admitted once the lease is fresh
+                // again (an etcd election that outlasted every lease).
                 let all = match self.admit_all(&resources, t).await {
-                    Err(e) if self.lease_back(&e, admission_ends).await => {
-                        self.admit_all(&resources, t).await
-                    }
+                    Err(e) => match self.relay_to(admitted.via, &e).await {
+                        Some(peer) => Ok(AdmittedAll::Elsewhere(To::Peer(peer, e))),
+                        None if self.lease_back(&e, admission_ends).await => {
+                            self.admit_all(&resources, t).await
+                        }
+                        None => Err(e),
+                    },
                     all => all,
                 };
                 match all? {
                     AdmittedAll::Here(permits) => permits,
-                    AdmittedAll::AtOwner(owner, epoch) => {
-                        let owner = (owner, epoch);
+                    AdmittedAll::Elsewhere(to) => {
                         return Ok(MultiDelete::elsewhere(Elsewhere {
-                            owner,
+                            to,
                             resources: named,
                             body,
                         }));
@@ -289,7 +302,7 @@ impl Proxy {
                 // With owners: the whole request goes to the owner of the
                 // first resource, which admits the others or refuses.
                 Ok(Admission::AtOwner(owner, epoch)) if permits.is_empty() => {
-                    return Ok(AdmittedAll::AtOwner(owner, epoch));
+                    return Ok(AdmittedAll::Elsewhere(To::Owner(owner, epoch)));
                 }
                 Ok(Admission::AtOwner(owner, _)) => {
                     return Err(S3Error::SlowDown(format!(

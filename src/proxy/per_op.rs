@@ -7,6 +7,7 @@
 //! What the exchange then keeps (its permits and object holds) leaves here
 //! as one [`Exchange`].
 
+use super::multi_delete::To;
 use super::to_owner::Toward;
 use super::{Admitted, Proxy, RequestCtx, multi_delete};
 use crate::body::ProxyBody;
@@ -148,21 +149,32 @@ impl Proxy {
     ) -> Result<Prepared, S3Error> {
         let multi = self.fence_multi_delete(admitted, out, ctx).await?;
         if let Some(elsewhere) = multi.elsewhere {
-            if admitted.verified.payload.is_chunked() {
-                return Err(S3Error::SlowDown(format!(
-                    "the keys' resources are owned by replica {}; an aws-chunked \
-                     DeleteObjects is not forwarded: send it there",
-                    elsewhere.owner.0
-                )));
-            }
-            let toward = Toward {
-                owner: elsewhere.owner,
-                resource: &elsewhere.resources,
-                via: admitted.via,
-                deadline: Instant::now() + self.gate.wait_bound(),
+            // What was read of an aws-chunked body is not what was signed.
+            let chunked = admitted.verified.payload.is_chunked();
+            let answer = match elsewhere.to {
+                To::Peer(_, why) if chunked => return Err(why),
+                To::Peer(peer, why) => {
+                    let relayed = self.relay(ctx, head, elsewhere.body, peer, why);
+                    Box::pin(relayed).await?
+                }
+                To::Owner(owner, _) if chunked => {
+                    return Err(S3Error::SlowDown(format!(
+                        "the keys' resources are owned by replica {owner}; an aws-chunked \
+                         DeleteObjects is not forwarded: send it there"
+                    )));
+                }
+                To::Owner(owner, epoch) => {
+                    let toward = Toward {
+                        owner: (owner, epoch),
+                        resource: &elsewhere.resources,
+                        via: admitted.via,
+                        deadline: Instant::now() + self.gate.wait_bound(),
+                    };
+                    let sent = self.multi_delete_to_owner(ctx, head, toward, elsewhere.body);
+                    sent.await?
+                }
             };
-            let answer = self.multi_delete_to_owner(ctx, head, toward, elsewhere.body);
-            return Ok(Prepared::Answered(answer.await?));
+            return Ok(Prepared::Answered(answer));
         }
         exchange
             .permits

@@ -204,7 +204,7 @@ impl Proxy {
     /// request came from a client, not from another replica, and the peer
     /// says its own lease is fresh. (When every replica's lease lapsed, an
     /// etcd election outlasting them, each waits for its own instead.)
-    async fn relay_to(&self, via: Via, e: &S3Error) -> Option<String> {
+    pub(super) async fn relay_to(&self, via: Via, e: &S3Error) -> Option<String> {
         let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
             return None;
         };

@@ -295,7 +295,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         head: &Parts,
-        body: Incoming,
+        body: impl ClientBody,
         url: String,
         why: S3Error,
     ) -> Result<Response<ProxyBody>, S3Error> {
