@@ -17,7 +17,8 @@
 //!   nothing of its own is in flight there (a quarantine of 600 s would
 //!   refuse it otherwise);
 //! - a replica cut off from etcd relays a write it cannot admit to a peer,
-//!   which admits it; a DeleteObjects too.
+//!   which admits it; a DeleteObjects too; and, when one peer's lease
+//!   lapsed as well, to the one whose lease is fresh.
 
 mod common;
 
@@ -140,15 +141,25 @@ fn one_cut_off(
     etcd: &EtcdCluster,
     ttl_ms: u64,
 ) -> (Fencegate, Fencegate, Vec<Relay>) {
+    let (a, relays) = behind_relays(backend, etcd, ttl_ms);
+    let b = replica_with(backend, &etcd.endpoints_toml(), FENCE, ttl_ms);
+    (a, b, relays)
+}
+
+const FENCE: &str = "admission_wait_ms = 15000\nquarantine_ms = 600000\n";
+
+/// A replica reaching etcd through relays the test freezes.
+fn behind_relays(
+    backend: &common::fencegate::Backend,
+    etcd: &EtcdCluster,
+    ttl_ms: u64,
+) -> (Fencegate, Vec<Relay>) {
     let relays: Vec<Relay> = (0..3)
         .map(|m| Relay::start(etcd.endpoint(m).trim_start_matches("http://")))
         .collect();
     let urls: Vec<String> = relays.iter().map(|r| format!("\"{}\"", r.url())).collect();
-    let fence = "admission_wait_ms = 15000\nquarantine_ms = 600000\n";
     let endpoints = format!("[{}]", urls.join(", "));
-    let a = replica_with(backend, &endpoints, fence, ttl_ms);
-    let b = replica_with(backend, &etcd.endpoints_toml(), fence, ttl_ms);
-    (a, b, relays)
+    (replica_with(backend, &endpoints, FENCE, ttl_ms), relays)
 }
 
 #[tokio::test]
@@ -203,6 +214,42 @@ async fn a_replica_cut_off_from_etcd_relays_what_it_cannot_admit_to_a_peer() {
     let r = ca.send(delete_objects("fresh", 1)).await.unwrap();
     assert_eq!(r.code(), Some("StaleFencingToken"), "{}", r.body);
     relays.iter().for_each(|r| r.freeze(false));
+}
+
+#[tokio::test]
+async fn a_cut_off_replica_relays_to_the_peer_whose_lease_is_fresh() {
+    let etcd = EtcdCluster::start();
+    let be = TestBackend::start().await;
+    let backend = be.as_fencegate_backend();
+    // A and C cut off; B, the one peer whose lease stays fresh.
+    let (a, b, relays_a) = one_cut_off(&backend, &etcd, TTL_MS);
+    let (c, relays_c) = behind_relays(&backend, &etcd, TTL_MS);
+    let (ca, cb, cc) = (
+        RawClient::new(&a.endpoint()),
+        RawClient::new(&b.endpoint()),
+        RawClient::new(&c.endpoint()),
+    );
+    // A has heard of both peers: writes it forwards to each before the cut.
+    for (owner, key) in [(&cb, "b"), (&cc, "c")] {
+        assert_eq!(owner.send(put(key, 1)).await.unwrap().status, 200);
+        assert_eq!(ca.send(put(key, 1)).await.unwrap().status, 200);
+    }
+    relays_a
+        .iter()
+        .chain(&relays_c)
+        .for_each(|r| r.freeze(true));
+    wait_lease_lapsed(&a).await;
+    wait_lease_lapsed(&c).await;
+    // Each write through A goes to B, whichever peer A asks first: C says
+    // its lease lapsed, and A asks B next.
+    for i in 0..6 {
+        let r = ca.send(put(&format!("r{i}"), 1)).await.unwrap();
+        assert_eq!(r.status, 200, "write {i}: {}", r.body);
+    }
+    relays_a
+        .iter()
+        .chain(&relays_c)
+        .for_each(|r| r.freeze(false));
 }
 
 /// A DeleteObjects of `key` with token `t`.

@@ -202,8 +202,10 @@ impl Proxy {
     /// Where a request this replica cannot admit goes instead: to a peer,
     /// when this replica is cut off from etcd (its lease not fresh), the
     /// request came from a client, not from another replica, and the peer
-    /// says its own lease is fresh. (When every replica's lease lapsed, an
-    /// etcd election outlasting them, each waits for its own instead.)
+    /// says its own lease is fresh; the peers are asked in turn, from one
+    /// picked at random, until one does. (When every replica's lease
+    /// lapsed, an etcd election outlasting them, each waits for its own
+    /// instead.)
     pub(super) async fn relay_to(&self, via: Via, e: &S3Error) -> Option<String> {
         let (Mode::Owners(c), Some(peers)) = (self.gate.mode(), &self.peers) else {
             return None;
@@ -213,9 +215,13 @@ impl Proxy {
         if !from_client || !unavailable || c.not_ready().is_none() {
             return None;
         }
-        let url = c.some_peer()?;
-        let fresh = peers.get(&url).ok()?.lease_fresh(&url).await;
-        (fresh == Some(true)).then_some(url)
+        for url in c.peers_from_any() {
+            let Ok(peer) = peers.get(&url) else { continue };
+            if peer.lease_fresh(&url).await == Some(true) {
+                return Some(url);
+            }
+        }
+        None
     }
 }
 

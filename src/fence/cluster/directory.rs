@@ -97,7 +97,7 @@ impl Cluster {
     }
 
     /// Reads every replica's address once, so that a replica cut off from
-    /// etcd later knows its peers ([`Cluster::some_peer`]); the revision
+    /// etcd later knows its peers ([`Cluster::peers_from_any`]); the revision
     /// read at, from which the watch then follows them.
     async fn list_replicas(&self, all: &str) -> Option<i64> {
         let opts = etcd_client::GetOptions::new().with_prefix();
@@ -121,19 +121,21 @@ impl Cluster {
         self.addresses.insert(name, url);
     }
 
-    /// The URL of another replica whose lease stood when last heard of,
-    /// picked at random: where a replica cut off from etcd relays what it
-    /// cannot admit itself (`proxy/to_owner.rs`).
-    pub fn some_peer(&self) -> Option<String> {
+    /// The URLs of the other replicas whose leases stood when last heard
+    /// of, from one picked at random: where a replica cut off from etcd
+    /// relays what it cannot admit itself (`proxy/route.rs`), trying them
+    /// in this order, so that its load spreads over them.
+    pub fn peers_from_any(&self) -> Vec<String> {
         let mine = self.advertised.get();
-        let others: Vec<String> = self
+        let mut others: Vec<String> = self
             .addresses
             .iter()
             .filter(|e| *e.key() != self.replica && Some(e.value()) != mine)
             .filter(|e| !self.departed.contains_key(e.key()))
             .map(|e| e.value().clone())
             .collect();
-        let pick = rand::random::<u64>() as usize % others.len().max(1);
-        others.get(pick).cloned()
+        let first = rand::random::<u64>() as usize % others.len().max(1);
+        others.rotate_left(first);
+        others
     }
 }
