@@ -83,24 +83,6 @@ fn size(short: u32, name: &str, full: u32) -> String {
     std::env::var(name).unwrap_or_else(|_| full.to_string())
 }
 
-/// Each scenario on both stores: `name::embedded` and `name::garage`.
-macro_rules! on_both_stores_sync {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[test]
-                fn embedded() {
-                    super::$name(super::Store::Embedded)
-                }
-                #[test]
-                fn garage() {
-                    super::$name(super::Store::Garage)
-                }
-            }
-        )*
-    };
-}
-
 on_both_stores_sync!(
     delta_rs_appenders_lose_no_acknowledged_commit,
     slatedb_writers_opening_at_once_never_both_stand,

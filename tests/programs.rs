@@ -22,16 +22,19 @@
 //!   object_store (obstore) with credentials from the environment only.
 //! - pgBackRest: a stale primary's `archive-push` after a failover is
 //!   refused, and the repository holds the new primary's history only.
+//!
+//! Each on fencegate's embedded store and in front of Garage
+//! (`name::embedded`, `name::garage`).
 
 mod common;
 
+use common::Store;
 use common::jobs::{Job, Rig, access_key_of, random_files, rclone_env, results, venv_bin};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[test]
-fn restic_backup_paused_past_its_lock_cannot_undo_a_prune() {
-    let rig = Rig::start("repo/");
+fn restic_backup_paused_past_its_lock_cannot_undo_a_prune(store: Store) {
+    let rig = Rig::start(store, "repo/");
     let repo = format!("s3:{}/demo/repo", rig.fg.endpoint());
     let env = [
         ("RESTIC_REPOSITORY", repo),
@@ -85,9 +88,8 @@ fn restic_backup_paused_past_its_lock_cannot_undo_a_prune() {
     assert!(out.contains("no errors were found"), "{out}");
 }
 
-#[test]
-fn boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only() {
-    let rig = Rig::start("jobs/");
+fn boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only(store: Store) {
+    let rig = Rig::start(store, "jobs/");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs/env_clients.py");
     let run = |name: &str| {
         format!(
@@ -129,9 +131,8 @@ fn boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only() {
     }
 }
 
-#[test]
-fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy() {
-    let rig = Rig::start("mirror/");
+fn rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy(store: Store) {
+    let rig = Rig::start(store, "mirror/");
     // rclone's remote from the environment: env_auth reads the
     // credentials fencegate lock gives the program.
     let env = rclone_env(rig.fg.endpoint());
@@ -378,10 +379,9 @@ fn the_repository_holds_bs_history(rig: &Rig, home: &Path, b: &Pg) {
 /// later `archive-push` is refused, of a segment B has not archived yet
 /// too, and the repository holds B's history only. pgBackRest speaks S3
 /// over HTTPS only: fencegate serves HTTPS here.
-#[test]
-fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
+fn pgbackrest_a_stale_primarys_archive_push_is_refused(store: Store) {
     let pki = common::secure::Pki::new();
-    let rig = Rig::start_with("pgbr/", Some(&pki));
+    let rig = Rig::start_with(store, "pgbr/", Some(&pki));
     let home = rig.dir.path();
     chown_to_postgres(home);
     let a = Pg {
@@ -442,3 +442,10 @@ fn pgbackrest_a_stale_primarys_archive_push_is_refused() {
     // The repository holds B's history: 4 and 5 are B's, 6 is not there.
     the_repository_holds_bs_history(&rig, home, &b);
 }
+
+on_both_stores_sync!(
+    restic_backup_paused_past_its_lock_cannot_undo_a_prune,
+    boto3_the_aws_cli_and_obstore_with_credentials_from_the_environment_only,
+    rclone_sync_paused_past_its_lock_leaves_the_next_holders_copy,
+    pgbackrest_a_stale_primarys_archive_push_is_refused,
+);

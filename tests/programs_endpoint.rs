@@ -16,6 +16,7 @@
 
 mod common;
 
+use common::Store;
 use common::jobs::{Rig, access_key_of, random_files, rclone_env, venv_bin, writes_landed};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -45,7 +46,7 @@ fn keys_of(rig: &Rig, lock: &str) -> HashSet<String> {
 
 #[test]
 fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_lands_nothing() {
-    let rig = Rig::start("jobs/").with_endpoint(TTL);
+    let rig = Rig::start(Store::Embedded, "jobs/").with_endpoint(TTL);
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs/endpoint_clients.py");
     let run = |name: &str, secs: u64| {
@@ -93,7 +94,7 @@ fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_land
 
 #[test]
 fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
-    let rig = Rig::start("mirror/").with_endpoint(TTL);
+    let rig = Rig::start(Store::Embedded, "mirror/").with_endpoint(TTL);
     // 1.2 MB at 80 KiB/s: about 15 s, past three lifetimes of 4 s.
     random_files(&rig.path("src"), 6, 200_000);
     let env = rclone_env(rig.fg.endpoint());
@@ -151,7 +152,7 @@ fn zombie_lands_nothing(rig: &Rig, job: common::jobs::Job, lock: &str) {
 
 #[test]
 fn restic_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
-    let rig = Rig::start("repo/").with_endpoint(TTL);
+    let rig = Rig::start(Store::Embedded, "repo/").with_endpoint(TTL);
     let repo = format!("s3:{}/demo/repo", rig.fg.endpoint());
     let env = [
         ("RESTIC_REPOSITORY", repo),

@@ -1,9 +1,11 @@
 //! Programs run the way an operator runs them to be fenced through their
-//! credentials (docs/credentials.md): fencegate on its embedded store with
-//! a job's prefix as one fence, an etcd for the locks, and jobs started
+//! credentials (docs/credentials.md): fencegate on its embedded store or
+//! in front of Garage, with a job's prefix as one fence, an etcd for the
+//! locks, and jobs started
 //! under `fencegate lock --credentials`, in the foreground or in the
 //! background to be paused like a zombie (`tests/programs.rs`).
 
+use super::Store;
 use super::etcd::Etcd;
 use super::fencegate::{Backend, Fencegate};
 use std::path::{Path, PathBuf};
@@ -13,11 +15,13 @@ use std::time::{Duration, Instant};
 pub const ADMIN: &str = "programs-admin-token-0123";
 pub const TTL_SECS: u64 = 2;
 
-/// fencegate on its embedded store with bucket `demo`, whose prefix
-/// `prefix` is one fence (`shared`), and an etcd for the locks.
+/// fencegate on `store` with bucket `demo`, whose prefix `prefix` is one
+/// fence (`shared`), and an etcd for the locks.
 pub struct Rig {
     pub etcd: Etcd,
     pub fg: Fencegate,
+    /// The store behind fencegate, when it is Garage.
+    _garage: Option<super::garage::Garage>,
     pub dir: tempfile::TempDir,
     /// How `fencegate lock` gives the job its credentials: `--credentials`
     /// (the environment), or `--credentials-endpoint` and its lifetime.
@@ -25,13 +29,13 @@ pub struct Rig {
 }
 
 impl Rig {
-    pub fn start(prefix: &str) -> Rig {
-        Rig::start_with(prefix, None)
+    pub fn start(store: Store, prefix: &str) -> Rig {
+        Rig::start_with(store, prefix, None)
     }
 
     /// With `pki`, fencegate serves HTTPS with its server certificate
     /// (`localhost`), and the bucket is made over HTTPS.
-    pub fn start_with(prefix: &str, pki: Option<&super::secure::Pki>) -> Rig {
+    pub fn start_with(store: Store, prefix: &str, pki: Option<&super::secure::Pki>) -> Rig {
         let mode = match std::env::var("FENCEGATE_TEST_PROGRAMS_UNFENCED").as_deref() {
             Ok("1") => "mode = \"unfenced\"\n".to_string(),
             _ => format!(
@@ -48,7 +52,9 @@ impl Rig {
                 pki.path("server-key.pem").display()
             ));
         }
-        let fg = Fencegate::start_with(Backend::Embedded, &server, &rules);
+        let garage = matches!(store, Store::Garage).then(super::garage::Garage::start);
+        let backend = garage.as_ref().map_or(Backend::Embedded, |g| g.backend());
+        let fg = Fencegate::start_with(backend, &server, &rules);
         match pki {
             None => {
                 let rt = tokio::runtime::Runtime::new().unwrap();
@@ -67,12 +73,15 @@ impl Rig {
                     .env("AWS_CA_BUNDLE", pki.path("ca.pem"))
                     .output()
                     .unwrap();
-                assert!(out.status.success(), "{out:?}");
+                // Garage's test setup has made it already.
+                let had = String::from_utf8_lossy(&out.stderr).contains("BucketAlreadyOwnedByYou");
+                assert!(out.status.success() || had, "{out:?}");
             }
         }
         Rig {
             etcd: Etcd::start(),
             fg,
+            _garage: garage,
             dir: tempfile::tempdir().unwrap(),
             credentials: vec!["--credentials".into()],
         }

@@ -254,3 +254,23 @@ macro_rules! on_both_stores {
         )*
     };
 }
+
+/// Runs a blocking test body `fn(Store)` once on each store:
+/// `name::embedded` and `name::garage`.
+#[macro_export]
+macro_rules! on_both_stores_sync {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn embedded() {
+                    super::$name($crate::common::Store::Embedded)
+                }
+                #[test]
+                fn garage() {
+                    super::$name($crate::common::Store::Garage)
+                }
+            }
+        )*
+    };
+}
