@@ -11,9 +11,10 @@
 //! `<Error>` with its code, beside what the backend answered for the rest.
 
 use super::small_body::{Checksum, read_body, read_small_body, send_body};
+use super::to_owner::Via;
 use super::{Admitted, Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
-use crate::fence::gate::{Admission, Kind, Permit, Refusal};
+use crate::fence::gate::{self, Admission, Kind, Permit, Refusal};
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::fence::landing::Record;
 use crate::fence::resource::Fencing;
@@ -28,7 +29,13 @@ use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// How long a DeleteObjects asks etcd again while it does not answer (an
+/// election; within the admission wait): the patience of an admission's
+/// own transaction (`fence::cluster`).
+const ETCD_PATIENCE: Duration = Duration::from_secs(6);
 
 /// HEADs of conditional keys on their way at once.
 const HEADS_AT_ONCE: usize = 8;
@@ -101,7 +108,6 @@ impl Proxy {
         out: &mut Outgoing,
         ctx: &mut RequestCtx,
     ) -> Result<MultiDelete, S3Error> {
-        let admission_ends = Instant::now() + self.gate.wait_bound();
         let (op, token) = (&admitted.op, admitted.fenced.token);
         let session = admitted.verified.session.as_deref();
         let bucket = op.bucket.as_deref().unwrap_or_default();
@@ -114,21 +120,8 @@ impl Proxy {
                 let t = token.ok_or_else(|| S3Error::MissingFencingToken(first.clone()))?;
                 let named = format!("{first} (+{} more)", resources.len() - 1);
                 ctx.resource = Some(named.clone());
-                // Refused because the lease lapsed, as a single write in
-                // `route`: relayed to a peer whose lease is fresh (this
-                // replica cut off), or admitted once the lease is fresh
-                // again (an etcd election that outlasted every lease).
-                let all = match self.admit_all(&resources, t).await {
-                    Err(e) => match self.relay_to(admitted.via, &e).await {
-                        Some(peer) => Ok(AdmittedAll::Elsewhere(To::Peer(peer, e))),
-                        None if self.lease_back(&e, admission_ends).await => {
-                            self.admit_all(&resources, t).await
-                        }
-                        None => Err(e),
-                    },
-                    all => all,
-                };
-                match all? {
+                let all = self.admit_all_through_etcd(&resources, t, admitted.via);
+                match all.await? {
                     AdmittedAll::Here(permits) => permits,
                     AdmittedAll::Elsewhere(to) => {
                         return Ok(MultiDelete::elsewhere(Elsewhere {
@@ -276,6 +269,43 @@ impl Proxy {
             .collect()
             .await;
         judged.into_iter().filter_map(Result::transpose).collect()
+    }
+
+    /// [`Proxy::admit_all`], through what etcd's absence costs in cluster
+    /// mode, as for a single write (`route`): refused because the lease
+    /// lapsed, the request is relayed to a peer whose lease is fresh (this
+    /// replica cut off), or admitted once the lease is fresh again (an etcd
+    /// election that outlasted every lease); refused while the lease is
+    /// still fresh (etcd not answering a read during an election), it is
+    /// tried again, within the admission wait and [`ETCD_PATIENCE`], as an
+    /// admission's transaction is.
+    async fn admit_all_through_etcd(
+        &self,
+        resources: &BTreeSet<String>,
+        token: u64,
+        via: Via,
+    ) -> Result<AdmittedAll, S3Error> {
+        let admission_ends = Instant::now() + self.gate.wait_bound();
+        let give_up = admission_ends.min(Instant::now() + ETCD_PATIENCE);
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let e = match self.admit_all(resources, token).await {
+                Err(e @ S3Error::ServiceUnavailable(_)) => e,
+                all => return all,
+            };
+            if let Some(peer) = self.relay_to(via, &e).await {
+                return Ok(AdmittedAll::Elsewhere(To::Peer(peer, e)));
+            }
+            if self.lease_back(&e, admission_ends).await {
+                continue;
+            }
+            let clustered = !matches!(self.gate.mode(), gate::Mode::Single);
+            if !clustered || Instant::now() + wait >= give_up {
+                return Err(e);
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
     }
 
     /// Admits `token` on every resource, all or nothing: every resource is
