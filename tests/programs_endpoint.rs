@@ -13,6 +13,8 @@
 //!   playing the zombie;
 //! - restic `backup` (minio-go), then a backup playing the zombie against
 //!   the next holder's prune (restic#3126).
+//!
+//! Each on fencegate's embedded store and in front of Garage.
 
 mod common;
 
@@ -44,9 +46,10 @@ fn keys_of(rig: &Rig, lock: &str) -> HashSet<String> {
     puts.iter().map(|l| access_key_of(l)).collect()
 }
 
-#[test]
-fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_lands_nothing() {
-    let rig = Rig::start(Store::Embedded, "jobs/").with_endpoint(TTL);
+fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_lands_nothing(
+    store: Store,
+) {
+    let rig = Rig::start(store, "jobs/").with_endpoint(TTL);
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs/endpoint_clients.py");
     let run = |name: &str, secs: u64| {
@@ -92,9 +95,8 @@ fn boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_land
     assert!(last.iter().all(|l| l.contains("failed")), "{last:?}");
 }
 
-#[test]
-fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
-    let rig = Rig::start(Store::Embedded, "mirror/").with_endpoint(TTL);
+fn rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing(store: Store) {
+    let rig = Rig::start(store, "mirror/").with_endpoint(TTL);
     // 1.2 MB at 80 KiB/s: about 15 s, past three lifetimes of 4 s.
     random_files(&rig.path("src"), 6, 200_000);
     let env = rclone_env(rig.fg.endpoint());
@@ -150,9 +152,8 @@ fn zombie_lands_nothing(rig: &Rig, job: common::jobs::Job, lock: &str) {
     );
 }
 
-#[test]
-fn restic_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
-    let rig = Rig::start(Store::Embedded, "repo/").with_endpoint(TTL);
+fn restic_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing(store: Store) {
+    let rig = Rig::start(store, "repo/").with_endpoint(TTL);
     let repo = format!("s3:{}/demo/repo", rig.fg.endpoint());
     let env = [
         ("RESTIC_REPOSITORY", repo),
@@ -188,3 +189,9 @@ fn restic_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("no errors were found"), "{out}");
 }
+
+on_both_stores_sync!(
+    boto3_obstore_and_the_aws_cli_outlive_their_credentials_and_their_zombie_lands_nothing,
+    rclone_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing,
+    restic_outlives_its_endpoint_credentials_and_its_zombie_lands_nothing,
+);
