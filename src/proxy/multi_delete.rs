@@ -32,11 +32,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How long a DeleteObjects asks etcd again while it does not answer (an
-/// election; within the admission wait): the patience of an admission's
-/// own transaction (`fence::cluster`).
-const ETCD_PATIENCE: Duration = Duration::from_secs(6);
-
 /// HEADs of conditional keys on their way at once.
 const HEADS_AT_ONCE: usize = 8;
 
@@ -276,8 +271,8 @@ impl Proxy {
     /// lapsed, the request is relayed to a peer whose lease is fresh (this
     /// replica cut off), or admitted once the lease is fresh again (an etcd
     /// election that outlasted every lease); refused while the lease is
-    /// still fresh (etcd not answering a read during an election), it is
-    /// tried again, within the admission wait and [`ETCD_PATIENCE`], as an
+    /// fresh (etcd not answering a read during an election, or answering
+    /// again), it is tried again within the admission wait, as an
     /// admission's transaction is.
     async fn admit_all_through_etcd(
         &self,
@@ -286,7 +281,6 @@ impl Proxy {
         via: Via,
     ) -> Result<AdmittedAll, S3Error> {
         let admission_ends = Instant::now() + self.gate.wait_bound();
-        let give_up = admission_ends.min(Instant::now() + ETCD_PATIENCE);
         let mut wait = Duration::from_millis(100);
         loop {
             let e = match self.admit_all(resources, token).await {
@@ -299,8 +293,11 @@ impl Proxy {
             if self.lease_back(&e, admission_ends).await {
                 continue;
             }
-            let clustered = !matches!(self.gate.mode(), gate::Mode::Single);
-            if !clustered || Instant::now() + wait >= give_up {
+            let fresh = match self.gate.mode() {
+                gate::Mode::Owners(c) | gate::Mode::PerWrite(c) => c.not_ready().is_none(),
+                gate::Mode::Single => false,
+            };
+            if !fresh || Instant::now() + wait >= admission_ends {
                 return Err(e);
             }
             tokio::time::sleep(wait).await;
