@@ -74,10 +74,13 @@ async fn https_front_and_https_backend() {
 
 #[test]
 fn unreadable_tls_files_stop_start_up_naming_the_field() {
-    let (code, stderr) = common::fencegate::run_with_config(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"/tmp/fencegate-tls-test\"\ntls_cert = \"/nonexistent/cert.pem\"\ntls_key = \"/nonexistent/key.pem\"\n",
-        &[],
+    // The data directory goes with the test (it is made before TLS is read).
+    let data = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ntls_cert = \"/nonexistent/cert.pem\"\ntls_key = \"/nonexistent/key.pem\"\n",
+        data.path().display()
     );
+    let (code, stderr) = common::fencegate::run_with_config(&config, &[]);
     assert_ne!(code, Some(0));
     assert!(stderr.contains("server.tls_cert"), "{stderr}");
 }
