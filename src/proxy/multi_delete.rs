@@ -14,7 +14,7 @@ use super::small_body::{Checksum, read_body, read_small_body, send_body};
 use super::to_owner::Via;
 use super::{Admitted, Proxy, RequestCtx};
 use crate::body::{ProxyBody, full};
-use crate::fence::gate::{self, Admission, Kind, Permit, Refusal};
+use crate::fence::gate::{Admission, Kind, Permit, Refusal};
 use crate::fence::hold::{Holder, Mode, ObjectHold, object_name};
 use crate::fence::landing::Record;
 use crate::fence::resource::Fencing;
@@ -293,10 +293,7 @@ impl Proxy {
             if self.lease_back(&e, admission_ends).await {
                 continue;
             }
-            let fresh = match self.gate.mode() {
-                gate::Mode::Owners(c) | gate::Mode::PerWrite(c) => c.not_ready().is_none(),
-                gate::Mode::Single => false,
-            };
+            let fresh = self.gate.cluster().is_some_and(|c| c.not_ready().is_none());
             if !fresh || Instant::now() + wait >= admission_ends {
                 return Err(e);
             }
