@@ -482,10 +482,8 @@ async fn an_election_longer_than_the_leases_stalls_writes_and_loses_none() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let three = put(&b, "3", 3);
     // A DeleteObjects takes its own admission, after its body: it waits too.
-    let mut delete = RawRequest::new(http::Method::POST, "/demo");
-    delete.query = "delete".into();
     let keys = "<Delete><Object><Key>gone</Key></Object></Delete>";
-    delete.body = Some(Source::bytes(keys.to_string()));
+    let delete = RawRequest::delete_objects("/demo", keys);
     let deleted = {
         let b = b.clone();
         tokio::spawn(async move { b.send(delete.token(2)).await })

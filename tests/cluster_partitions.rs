@@ -254,11 +254,8 @@ async fn a_cut_off_replica_relays_to_the_peer_whose_lease_is_fresh() {
 
 /// A DeleteObjects of `key` with token `t`.
 fn delete_objects(key: &str, t: u64) -> RawRequest {
-    let mut r = RawRequest::new(http::Method::POST, "/demo");
-    r.query = "delete".into();
     let body = format!("<Delete><Object><Key>{key}</Key></Object></Delete>");
-    r.body = Some(common::raw::Source::bytes(body));
-    r.token(t)
+    RawRequest::delete_objects("/demo", body).token(t)
 }
 
 /// The measurement behind docs/cluster.md's restart figure (ignored: a

@@ -84,10 +84,7 @@ async fn a_path_cannot_climb_into_another_bucket(store: Store) {
 }
 
 fn delete_objects(body: &str, token: u64) -> RawRequest {
-    let mut r = RawRequest::new(http::Method::POST, "/demo");
-    r.query = "delete".into();
-    r.body = Some(common::raw::Source::bytes(body.to_string()));
-    r.token(token)
+    RawRequest::delete_objects("/demo", body.to_string()).token(token)
 }
 
 async fn delete_objects_keys_are_read_once(store: Store) {

@@ -77,6 +77,14 @@ impl RawRequest {
         r
     }
 
+    /// A DeleteObjects (`POST <bucket>?delete`) with `body` as its XML.
+    pub fn delete_objects(bucket: &str, body: impl Into<Bytes>) -> RawRequest {
+        let mut r = RawRequest::new(Method::POST, bucket);
+        r.query = "delete".into();
+        r.body = Some(Source::bytes(body));
+        r
+    }
+
     pub fn header(mut self, name: &str, value: &str) -> RawRequest {
         self.headers.push((name.into(), value.into()));
         self
